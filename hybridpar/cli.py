@@ -1,0 +1,53 @@
+"""The `hybridpar` command: parse, dispatch to hybridpar/commands/<name>.py, report errors.
+
+Each module in hybridpar/commands/ is one subcommand named after the file. It defines ``HELP``
+(one line), ``add_arguments(parser)`` and ``run(args) -> int``, and imports torch only inside
+``run`` so that `hybridpar plan` stays fast.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from .errors import USER_ERRORS
+
+from . import commands
+
+
+def command_names() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # argparse's own errors: one line, exit 2
+        print(f"hybridpar: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="hybridpar", description="Hybrid 3D-parallel LLM training, DP outermost.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in command_names():
+        module = importlib.import_module(f"hybridpar.commands.{name}")
+        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP))
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    module = importlib.import_module(f"hybridpar.commands.{args.command}")
+    try:
+        return int(module.run(args) or 0)
+    except USER_ERRORS as err:
+        print(f"hybridpar {args.command}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
