@@ -83,8 +83,8 @@ PRESETS: dict[str, ModelSpec] = {
     # GPT-3 175B: Brown et al. 2020, Table 2.1 (96 layers, d_model 12288, 96 heads, FFN 4x).
     "gpt3-175b": ModelSpec(96, 12288, 49152, 96, 96, 51200, "gelu", "gpt3-175b"),
     # Tiny models that train on CPU ranks (tests, recipes/tiny.yaml).
-    "tiny": ModelSpec(4, 64, 176, 4, 2, 256, "swiglu", "tiny"),
-    "tiny-deep": ModelSpec(8, 128, 352, 8, 4, 512, "swiglu", "tiny-deep"),
+    "tiny": ModelSpec(4, 64, 176, 4, 2, 320, "swiglu", "tiny"),
+    "tiny-deep": ModelSpec(8, 128, 352, 8, 4, 320, "swiglu", "tiny-deep"),
 }
 
 _FILE_KEYS = {f.name for f in fields(ModelSpec)}

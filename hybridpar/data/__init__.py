@@ -1,0 +1,15 @@
+"""Token batches for training.
+
+Contract shared by every source (synthetic, embedded corpus, megatron indexed datasets):
+
+* ``source.global_batch(step)`` returns a LongTensor of shape ``[global_batch, seq_len + 1]``
+  for optimizer step ``step`` (1-based), a pure function of (seed, step): a resumed run gets
+  exactly the samples it would have had.
+* Columns ``[:, :-1]`` are inputs and ``[:, 1:]`` are labels.
+* ``replica_rows(batch, dp_rank, dp)`` is DP replica ``dp_rank``'s disjoint, contiguous slice;
+  every TP/CP/PP rank of that replica takes the same slice, then splits it into micro-batches
+  in order.
+"""
+from .batches import SyntheticTokens, TokenSource, replica_rows
+
+__all__ = ["SyntheticTokens", "TokenSource", "replica_rows"]
