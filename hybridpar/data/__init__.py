@@ -11,5 +11,22 @@ Contract shared by every source (synthetic, embedded corpus, megatron indexed da
   in order.
 """
 from .batches import SyntheticTokens, TokenSource, replica_rows
+from .indexed import IndexedTokens
+from .prepare import PreparedData, prepare
+from .sources import make_token_source
+from .tokenizers import ByteTokenizer, HFTokenizer, VocabMismatchError, check_vocab, load_tokenizer
 
-__all__ = ["SyntheticTokens", "TokenSource", "replica_rows"]
+__all__ = [
+    "ByteTokenizer",
+    "HFTokenizer",
+    "IndexedTokens",
+    "PreparedData",
+    "SyntheticTokens",
+    "TokenSource",
+    "VocabMismatchError",
+    "check_vocab",
+    "load_tokenizer",
+    "make_token_source",
+    "prepare",
+    "replica_rows",
+]

@@ -1,0 +1,50 @@
+"""`hybridpar data prepare`: tokenize text into megatron-core's indexed format (.bin/.idx)."""
+from __future__ import annotations
+
+from ..errors import UsageError
+
+HELP = "prepare training data: tokenize text or JSON lines into megatron .bin/.idx files"
+
+
+def add_arguments(p):
+    sub = p.add_subparsers(dest="data_command", metavar="ACTION", parser_class=type(p))
+    sub.required = True
+    prep = sub.add_parser(
+        "prepare",
+        help="tokenize INPUT files (or the embedded corpus) into PREFIX.bin/.idx",
+        description=(
+            "Tokenize plain-text files (each file is one document) or JSON-lines files (.jsonl/.json, "
+            "one document per line) into megatron-core's indexed dataset PREFIX.bin + PREFIX.idx, "
+            "with an end-of-document token after every document."
+        ),
+    )
+    prep.add_argument("inputs", nargs="*", metavar="INPUT", help="text or JSON-lines files")
+    prep.add_argument("--embedded", action="store_true", help="prepare the shipped corpus (three Shakespeare plays)")
+    prep.add_argument("--tokenizer", default="byte", help="'byte' (built in, vocab 257) or a tokenizer.json path")
+    prep.add_argument("--eod-token", help="end-of-document token of a tokenizer.json (default: found by name)")
+    prep.add_argument("--out", required=True, metavar="PREFIX", help="output path prefix: writes PREFIX.bin, PREFIX.idx")
+    prep.add_argument("--json-key", default="text", help="key holding the text in JSON lines (default: text)")
+    prep.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def run(args) -> int:
+    from ..data.prepare import prepare
+    from ..data.tokenizers import load_tokenizer
+
+    if args.embedded and args.inputs:
+        raise UsageError("give INPUT files or --embedded, not both")
+    if args.embedded:
+        from ..data.embedded import corpus_files
+
+        inputs = corpus_files()
+    elif not args.inputs:
+        raise UsageError("no input files: give text or JSON-lines files, or --embedded")
+    else:
+        inputs = args.inputs
+    tokenizer = load_tokenizer(args.tokenizer, args.eod_token)
+    data = prepare(inputs, args.out, tokenizer, json_key=args.json_key, progress=not args.quiet)
+    print(
+        f"wrote {data.prefix}.bin/.idx: {data.documents} documents, {data.tokens} tokens "
+        f"(tokenizer {data.tokenizer}, vocab {data.vocab_size}, end-of-document id {data.eod})"
+    )
+    return 0

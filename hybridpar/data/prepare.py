@@ -1,0 +1,147 @@
+"""Tokenize text into megatron-core's indexed dataset format (PREFIX.bin + PREFIX.idx).
+
+Documents: a plain-text file is one document (a book, a source file); a JSON-lines file
+(``.jsonl`` / ``.json``) has one document per line under a key (default ``"text"``). Every
+document is followed by the tokenizer's end-of-document id, as Megatron-LM's
+``tools/preprocess_data.py --append-eod`` does, and is written as one sequence of one document.
+
+Nothing half-written is left behind: the files are built under temporary names and renamed into
+place at the end (.bin first, then .idx, then the PREFIX.meta.json sidecar that records the
+tokenizer so a source can later check it against the model's vocab and decode samples).
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Iterator, Sequence
+
+from ..errors import UsageError
+from .tokenizers import Tokenizer
+
+JSONL_SUFFIXES = (".jsonl", ".json")
+
+
+@dataclass
+class PreparedData:
+    prefix: str
+    tokenizer: str  # what load_tokenizer takes to rebuild the tokenizer
+    vocab_size: int
+    eod: int
+    documents: int
+    tokens: int
+
+
+def meta_path(prefix: str) -> str:
+    return prefix + ".meta.json"
+
+
+def read_meta(prefix: str) -> PreparedData | None:
+    """The sidecar written by ``prepare``; None for data prepared elsewhere (e.g. Megatron-LM)."""
+    try:
+        with open(meta_path(prefix)) as f:
+            return PreparedData(**json.load(f))
+    except FileNotFoundError:
+        return None
+
+
+def iter_documents(path: str, json_key: str = "text") -> Iterator[tuple[str, int]]:
+    """Yield (document text, bytes of input consumed) for one input file."""
+    try:
+        if path.endswith(JSONL_SUFFIXES):
+            with open(path, encoding="utf-8") as f:
+                for number, line in enumerate(f, 1):
+                    if line.strip():
+                        yield _json_text(line, json_key, path, number), len(line.encode("utf-8"))
+        else:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+            yield text, len(text.encode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise UsageError(f"{path} is not UTF-8 text ({err.reason} at byte {err.start}); convert it first") from None
+    except OSError as err:
+        raise UsageError(f"cannot read {path}: {err.strerror}") from None
+
+
+def _json_text(line: str, key: str, path: str, number: int) -> str:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{path}:{number}: not a JSON object ({err.msg}); one JSON object per line") from None
+    if not isinstance(record, dict) or not isinstance(record.get(key), str):
+        raise UsageError(f"{path}:{number}: no string under key '{key}'; name the text key with --json-key")
+    return record[key]
+
+
+def check_inputs(inputs: Sequence[str]) -> None:
+    if not inputs:
+        raise UsageError("no input files: give text or JSON-lines files, or --embedded")
+    for path in inputs:
+        if not os.path.isfile(path):
+            raise UsageError(f"input {path} does not exist or is not a file")
+
+
+def _out_dir(prefix: str) -> str:
+    directory = os.path.dirname(os.path.abspath(prefix))
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as err:
+        raise UsageError(f"cannot create output directory {directory}: {err.strerror}") from None
+    if not os.access(directory, os.W_OK):
+        raise UsageError(f"output directory {directory} is not writable: choose another --out")
+    return directory
+
+
+def prepare(
+    inputs: Sequence[str],
+    prefix: str,
+    tokenizer: Tokenizer,
+    json_key: str = "text",
+    progress: bool = True,
+) -> PreparedData:
+    check_inputs(inputs)
+    _out_dir(prefix)
+    import numpy
+    import torch
+    from tqdm import tqdm
+
+    from ._megatron import import_megatron
+
+    megatron_indexed = import_megatron("megatron.core.datasets.indexed_dataset")
+    get_bin_path, get_idx_path = megatron_indexed.get_bin_path, megatron_indexed.get_idx_path
+    tmp = f"{prefix}.tmp-{os.getpid()}"
+    tmp_bin, tmp_idx = get_bin_path(tmp), get_idx_path(tmp)
+    documents = tokens = 0
+    total_bytes = sum(os.path.getsize(p) for p in inputs)
+    try:
+        dtype = megatron_indexed.DType.optimal_dtype(tokenizer.vocab_size)
+        builder = megatron_indexed.IndexedDatasetBuilder(tmp_bin, dtype=dtype)
+        # disable=None: a bar on terminals only; leave=False: an error message stays the only line.
+        bar = tqdm(
+            total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", leave=False, disable=None if progress else True
+        )
+        with bar:
+            for path in inputs:
+                for text, consumed in iter_documents(path, json_key):
+                    bar.update(consumed)
+                    if not text.strip():
+                        continue
+                    ids = tokenizer.encode(text) + [tokenizer.eod]
+                    builder.add_item(torch.from_numpy(numpy.asarray(ids, dtype=numpy.int64)))
+                    builder.end_document()
+                    documents += 1
+                    tokens += len(ids)
+        builder.finalize(tmp_idx)
+        if documents == 0:
+            raise UsageError(f"no text in {', '.join(inputs)}: every input is empty")
+        data = PreparedData(prefix, tokenizer.name, tokenizer.vocab_size, tokenizer.eod, documents, tokens)
+        with open(tmp + ".meta.json", "w") as f:
+            json.dump(asdict(data), f, indent=1)
+        os.replace(tmp_bin, get_bin_path(prefix))
+        os.replace(tmp_idx, get_idx_path(prefix))
+        os.replace(tmp + ".meta.json", meta_path(prefix))
+        return data
+    finally:
+        for leftover in (tmp_bin, tmp_idx, tmp + ".meta.json"):
+            if os.path.exists(leftover):
+                os.remove(leftover)

@@ -1,0 +1,49 @@
+"""``make_token_source``: the one call a recipe or the trainer makes to get its batches."""
+from __future__ import annotations
+
+from ..errors import UsageError
+from .batches import SyntheticTokens, TokenSource
+from .tokenizers import check_vocab, load_tokenizer
+
+KINDS = ("synthetic", "embedded", "indexed")
+
+
+def make_token_source(
+    kind: str,
+    *,
+    seq_len: int,
+    global_batch_size: int,
+    model_vocab: int,
+    seed: int = 0,
+    path: str | None = None,
+    tokenizer: str | None = None,
+    data_dir: str | None = None,
+    cache_dir: str | None = None,
+) -> TokenSource:
+    """Build a source that honours the batch contract.
+
+    kind: "synthetic" (SyntheticTokens over the model's vocab), "embedded" (the shipped corpus,
+    prepared on first use under ``data_dir``, default $HYBRIDPAR_DATA_DIR or ~/.cache/hybridpar,
+    with ``tokenizer``, default "byte"), or "indexed" (a megatron .bin/.idx at prefix ``path``;
+    ``tokenizer`` only needed when the data has no .meta.json). ``cache_dir``: megatron's index
+    cache, see hybridpar/data/indexed.py. Raises VocabMismatchError (a UsageError) when the
+    tokenizer's vocab exceeds ``model_vocab``. Collective when torch.distributed is initialized
+    (kinds "embedded" and "indexed"): call it on every rank.
+    """
+    if kind == "synthetic":
+        return SyntheticTokens(seq_len=seq_len, global_batch_size=global_batch_size, vocab_size=model_vocab, seed=seed)
+    from .indexed import IndexedTokens
+
+    if kind == "embedded":
+        from .embedded import ensure_embedded
+
+        tok = load_tokenizer(tokenizer or "byte")
+        check_vocab(tok.vocab_size, model_vocab, tok.name)
+        prefix = ensure_embedded(tok, data_dir).prefix
+        return IndexedTokens(prefix, seq_len, global_batch_size, seed, tok, cache_dir, model_vocab)
+    if kind == "indexed":
+        if not path:
+            raise UsageError("the indexed data source needs the path prefix of a .bin/.idx pair")
+        tok = load_tokenizer(tokenizer) if tokenizer else None
+        return IndexedTokens(path, seq_len, global_batch_size, seed, tok, cache_dir, model_vocab)
+    raise UsageError(f"unknown data source '{kind}': use one of {', '.join(KINDS)}")
