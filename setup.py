@@ -4,7 +4,7 @@ setup(
     name="hybridpar",
     version="0.1.0",
     description="Hybrid 3D-parallel LLM training: DP outermost, TP x PP (x CP) per replica, ZeRO on DP",
-    packages=find_packages(include=["hybridpar", "hybridpar.*", "topology", "topology.*"]),
+    packages=find_packages(include=["hybridpar", "hybridpar.*", "topology", "topology.*", "benchmarks"]),
     package_data={"hybridpar": ["data/corpus/*.txt"]},
     python_requires=">=3.10",
     install_requires=[

@@ -1,0 +1,97 @@
+"""Multi-node launch files: one torchrun command per node (c10d rendezvous) and a SLURM sbatch script.
+
+torchrun gives node k the global ranks [k * gpus_per_node, (k + 1) * gpus_per_node). With DP
+outermost each replica is a contiguous block of tp*cp*pp ranks, so when that block is a
+multiple of a node every node holds whole replicas' slices and no node is shared by two
+replicas; when a replica is smaller than a node, each node holds whole replicas.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from topology.layout import NodeMap, RankLayout
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    recipe: str
+    nodes: int
+    gpus_per_node: int
+    layout: RankLayout
+    rdzv_host: str = "$HEAD_NODE"
+    rdzv_port: int = 29500
+    job_id: str = "hybridpar"
+    extra_args: tuple[str, ...] = ()
+
+    def train_command(self) -> list[str]:
+        return ["-m", "hybridpar", "train", "--recipe", self.recipe, *self.extra_args]
+
+    def torchrun_command(self, rdzv_id: str | None = None, host: str | None = None) -> str:
+        words = [
+            "torchrun",
+            f"--nnodes={self.nodes}",
+            f"--nproc-per-node={self.gpus_per_node}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={host or self.rdzv_host}:{self.rdzv_port}",
+            f"--rdzv-id={rdzv_id or self.job_id}",
+            *self.train_command(),
+        ]
+        # Keep shell variables ($HEAD_NODE, $SLURM_JOB_ID) expandable; quote everything else.
+        return " ".join(w if w.startswith("--rdzv") or "$" in w else shlex.quote(w) for w in words)
+
+    def replicas_on_node(self, node: int) -> list[int]:
+        per = self.gpus_per_node
+        ranks = range(node * per, (node + 1) * per)
+        return sorted({self.layout.coord(r).dp for r in ranks})
+
+
+def node_commands(spec: LaunchSpec) -> str:
+    nodes = NodeMap(spec.layout, spec.gpus_per_node)
+    lines = [
+        f"# hybridpar: {spec.layout.world_size} ranks = tp {spec.layout.tp} x cp {spec.layout.cp} x "
+        f"pp {spec.layout.pp} x dp {spec.layout.dp} on {spec.nodes} nodes of {spec.gpus_per_node} GPUs",
+        "# Run the same command on every node (any order); set HEAD_NODE to one node's address.",
+        "# c10d rendezvous numbers the nodes as they join: node k gets ranks "
+        f"k*{spec.gpus_per_node} .. k*{spec.gpus_per_node}+{spec.gpus_per_node - 1}.",
+        f"export HEAD_NODE=${{HEAD_NODE:?set HEAD_NODE to the first node's address}}",
+        spec.torchrun_command(),
+        "",
+        "# What each node holds (DP outermost):",
+    ]
+    for node in range(nodes.num_nodes):
+        replicas = spec.replicas_on_node(node)
+        shown = _ranges(replicas)
+        lines.append(f"#   node {node}: DP replica(s) {shown}")
+    return "\n".join(lines) + "\n"
+
+
+def sbatch_script(spec: LaunchSpec, partition: str | None = None, time_limit: str = "48:00:00") -> str:
+    header = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={spec.job_id}",
+        f"#SBATCH --nodes={spec.nodes}",
+        "#SBATCH --ntasks-per-node=1",
+        f"#SBATCH --gpus-per-node={spec.gpus_per_node}",
+        "#SBATCH --exclusive",
+        f"#SBATCH --time={time_limit}",
+        "#SBATCH --output=%x-%j.out",
+    ]
+    if partition:
+        header.append(f"#SBATCH --partition={partition}")
+    body = [
+        "set -euo pipefail",
+        'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
+        "export HEAD_NODE",
+        "# One torchrun agent per node; each starts gpus-per-node ranks.",
+        "srun --kill-on-bad-exit=1 " + spec.torchrun_command(rdzv_id="$SLURM_JOB_ID"),
+    ]
+    return "\n".join(header + [""] + body) + "\n"
+
+
+def _ranges(values: list[int]) -> str:
+    if not values:
+        return "-"
+    if values == list(range(values[0], values[-1] + 1)) and len(values) > 1:
+        return f"{values[0]}-{values[-1]}"
+    return ",".join(map(str, values))
