@@ -37,6 +37,11 @@ class Plan:
     order: str = DEFAULT_ORDER
     gpu: str = "h100-80gb"
     gpus_per_node: int = 8
+    # Llama 3's pipeline split (megatron-core's account_for_embedding_in_pipeline_split and
+    # account_for_loss_in_pipeline_split): the embedding and the loss each count as one layer,
+    # so the first and last stages carry one transformer layer fewer and (layers + 2) must
+    # divide by pp x vpp. Evens out memory and time when the ends hold the big vocab matrices.
+    lighter_end_stages: bool = False
 
     @property
     def world_size(self) -> int:
@@ -71,7 +76,15 @@ class Plan:
             out.append(f"kv_heads {m.kv_heads} not divisible by tp {self.tp}")
         if m.ffn_hidden % self.tp:
             out.append(f"ffn_hidden {m.ffn_hidden} not divisible by tp {self.tp}")
-        if m.layers % (self.pp * self.vpp):
+        if self.lighter_end_stages:
+            if self.pp == 1:
+                out.append("lighter end stages need pp > 1")
+            elif (m.layers + 2) % (self.pp * self.vpp):
+                out.append(
+                    f"layers + 2 = {m.layers + 2} (embedding and loss as layers) not divisible by "
+                    f"pp x vpp = {self.pp} x {self.vpp}"
+                )
+        elif m.layers % (self.pp * self.vpp):
             out.append(f"layers {m.layers} not divisible by pp x vpp = {self.pp} x {self.vpp}")
         if self.vpp > 1 and self.pp == 1:
             out.append(f"vpp {self.vpp} needs pp > 1")

@@ -1,0 +1,126 @@
+"""`hybridpar plan`: search TP x CP x PP x DP (and micro-batch, virtual stages, ZeRO, recomputation)
+for a model on a fleet of GPUs, and print the ranked plans, their memory and time, and why the
+rejected layouts were rejected. Pure Python: imports topology/ only, never torch."""
+from __future__ import annotations
+
+import json
+
+from topology.hardware import CATALOGUE, GIB, HardwareError, get_gpu
+from topology.models import load_model
+from topology.plan import PRECISIONS, RECOMPUTE_MODES
+from topology.search import Request, search
+
+from ..errors import UsageError
+
+HELP = "plan the TP x CP x PP x DP layout of a model on N GPUs (DP outermost), ranked by step time"
+
+DEFAULT_TOKENS = 16 * 1024 * 1024  # Llama 3's 16M-token batch (Table 4)
+PINS = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "micro_batch": "micro_batch", "vpp": "vpp",
+        "zero": "zero_stage", "recompute": "recompute"}
+
+
+def add_arguments(p):
+    p.add_argument("--model", required=True, help="preset name or a .json/.yaml model file")
+    p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
+    p.add_argument("--gpu", default="h100-80gb", help=f"GPU type: {', '.join(CATALOGUE)} (default h100-80gb)")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the GPU's, 8)")
+    p.add_argument("--seq-len", type=int, default=8192, help="sequence length (default 8192)")
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("--global-batch", type=int, help="global batch in sequences")
+    batch.add_argument("--global-batch-tokens", type=int,
+                       help="global batch in tokens (default 16,777,216; must divide by --seq-len)")
+    p.add_argument("--precision", default="bf16", choices=[x for x in PRECISIONS if x != "fp32"])
+    for axis in ("tp", "pp", "cp", "dp", "micro-batch", "vpp", "zero"):
+        p.add_argument(f"--{axis}", type=int, help=f"pin {axis}")
+    p.add_argument("--recompute", choices=list(RECOMPUTE_MODES), help="pin activation recomputation")
+    p.add_argument("--top", type=int, default=5, help="plans to show (default 5)")
+    p.add_argument("--json", action="store_true", help='print {"plans": [...], "rejected": [...]}')
+
+
+def build_request(args) -> tuple[Request, int]:
+    for key in ("gpus", "gpus_per_node", "seq_len", "global_batch", "global_batch_tokens", "top",
+                "tp", "pp", "cp", "dp", "micro_batch", "vpp"):
+        value = getattr(args, key)
+        if value is not None and value < 1:
+            raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
+    if args.zero is not None and args.zero not in (0, 1, 2, 3):
+        raise UsageError(f"--zero must be 0, 1, 2 or 3, got {args.zero}")
+    try:
+        gpu = get_gpu(args.gpu)
+        if args.precision == "fp8":
+            gpu.peak_tflops("fp8")
+    except HardwareError as err:
+        raise UsageError(str(err)) from None
+    per_node = args.gpus_per_node or gpu.gpus_per_node
+    if args.gpus > per_node and args.gpus % per_node:
+        raise UsageError(f"--gpus {args.gpus} is not a multiple of --gpus-per-node {per_node}")
+    model = load_model(args.model)
+    if args.global_batch is not None:
+        seqs = args.global_batch
+    else:
+        tokens = args.global_batch_tokens or DEFAULT_TOKENS
+        if tokens % args.seq_len:
+            raise UsageError(f"--global-batch-tokens {tokens} is not a multiple of --seq-len {args.seq_len}")
+        seqs = tokens // args.seq_len
+    pins = {name: getattr(args, arg) for arg, name in PINS.items() if getattr(args, arg) is not None}
+    layout = [pins.get(a) for a in ("tp", "cp", "pp", "dp")]
+    product = 1
+    for size in layout:
+        product *= size or 1
+    if all(layout) and product != args.gpus:
+        raise UsageError(f"--tp x --cp x --pp x --dp = {product}, but --gpus is {args.gpus}")
+    if args.gpus % product:
+        raise UsageError(f"pinned sizes multiply to {product}, which does not divide --gpus {args.gpus}")
+    if "micro_batch" in pins and "dp" in pins and seqs % (pins["dp"] * pins["micro_batch"]):
+        raise UsageError(f"global batch {seqs} sequences not divisible by --dp x --micro-batch = "
+                         f"{pins['dp']} x {pins['micro_batch']}")
+    req = Request(model=model, gpus=args.gpus, global_batch=seqs, seq_len=args.seq_len, gpu=gpu.name,
+                  gpus_per_node=per_node, precision=args.precision, pins=pins)
+    return req, args.top
+
+
+def run(args) -> int:
+    req, top = build_request(args)
+    result = search(req, top=top)
+    if args.json:
+        print(json.dumps({"plans": [e.to_json() for e in result.plans],
+                          "rejected": [r.to_json() for r in result.rejected]}, indent=1))
+        return 0
+    print(render(req, result))
+    return 0
+
+
+def render(req: Request, result) -> str:
+    gpu = get_gpu(req.gpu)
+    lines = [f"{req.model.name} on {req.gpus} x {gpu.name} ({req.gpus_per_node} per node), seq {req.seq_len}, "
+             f"global batch {req.global_batch} seqs = {req.global_batch * req.seq_len:,} tokens, {req.precision}; "
+             f"{result.examined} configurations examined, {result.evaluated} fit and were costed"]
+    head = (f"{'#':>2} {'TP':>3} {'CP':>3} {'PP':>4} {'DP':>5} {'VPP':>3} {'mb':>3} {'GA':>4} {'Z':>1} "
+            f"{'recomp':<9} {'step s':>7} {'tok/s':>10} {'TFLOP/s':>7} {'MFU':>6} {'bubble':>6} {'GiB':>5} fits")
+    lines += ["", head, "-" * len(head)]
+    for i, e in enumerate(result.plans, 1):
+        p, c = e.plan, e.cost
+        lines.append(f"{i:>2} {p.tp:>3} {p.cp:>3} {p.pp:>4} {p.dp:>5} {p.vpp:>3} {p.micro_batch:>3} "
+                     f"{p.grad_accum:>4} {p.zero_stage:>1} {p.recompute:<9} {c.step_time_s:>7.3f} "
+                     f"{c.tokens_per_s:>10,.0f} {c.tflops_per_gpu:>7.1f} {c.mfu:>6.1%} {c.bubble_fraction:>6.1%} "
+                     f"{e.memory.total / GIB:>5.1f} {'yes' if e.fits else 'NO'}")
+    lines += ["", "Memory per GPU, GiB (largest pipeline stage):"]
+    for i, e in enumerate(result.plans, 1):
+        g = e.memory.gib()
+        lines.append(f"{i:>2} {e.memory.stage:<12} weights {g['params']:>6.2f}  grads {g['grads']:>6.2f}  "
+                     f"optimizer {g['optimizer']:>6.2f}  activations {g['activations']:>6.2f}  "
+                     f"allowance {g['buffers']:>5.2f}  total {g['total']:>6.2f} of {gpu.memory_gib:.0f}")
+    lines += ["", "Time per step, seconds (exposed, on the slowest pipeline rank):"]
+    for i, e in enumerate(result.plans, 1):
+        c = e.cost
+        lines.append(f"{i:>2} compute {c.compute_s:>8.3f}  bubble {c.bubble_s:>7.3f}  TP {c.tp_s:>7.3f}  "
+                     f"CP {c.cp_s:>7.3f}  PP {c.pp_s:>7.3f}  DP {c.dp_s:>7.3f}  optimizer {c.optimizer_s:>6.3f}")
+    if result.rejected:
+        lines += ["", f"Rejected layout families ({len(result.rejected)}), tightest first:"]
+        shown = sorted(result.rejected, key=lambda r: (r.need_bytes == 0, r.need_bytes))[:12]
+        for r in shown:
+            where = f"TP={r.tp}" if not r.dp else f"TP={r.tp} CP={r.cp} PP={r.pp} DP={r.dp}"
+            lines.append(f"  {where:<28} {r.reason}")
+        if len(result.rejected) > len(shown):
+            lines.append(f"  ... {len(result.rejected) - len(shown)} more (--json lists all)")
+    return "\n".join(lines)

@@ -1,0 +1,253 @@
+"""Time per optimizer step for a Plan: FLOPs, compute at a shape-dependent rate, communication,
+the pipeline bubble, the optimizer; throughput and MFU from those.
+
+Assumptions (README "Planning a layout" lists them with the rest):
+* GEMMs: roofline per GEMM. Compute runs at the GPU's maximum achievable matmul rate
+  (hardware.GPU.gemm_fraction x dense peak), reduced by wave quantisation: the output is cut
+  into 128 x 256 tiles (the large CUTLASS/cuBLAS tile on Ampere and Hopper) and a wave of tiles
+  occupies every SM, so a partial last wave idles the rest; memory time is the GEMM's operands
+  and result over HBM. The slower of the two decides. Backward = data-gradient GEMM plus
+  weight-gradient GEMM with the transposed shapes. TP and small micro-batches shrink M, N, K.
+* Attention core: FlashAttention at hardware.GPU.attention_fraction of peak, causal blocks
+  skipped (half the square), backward 2.5x the forward's FLOPs (FlashAttention's own count);
+  without FlashAttention: batched GEMMs on materialised scores plus memory-bound softmax/dropout.
+* Norms, residual adds, activation functions, cross-entropy: memory-bound, bytes over
+  HBM_EFFICIENCY x peak HBM bandwidth; backward moves twice the forward's bytes.
+* Collectives: ring cost, at LINK_EFFICIENCY of the link's per-direction peak; TP, CP and
+  (non-interleaved) PP transfers are exposed; DP overlap as in software.Software.
+* Step = m micro-batches on the slowest pipeline rank + bubble (p - 1)/v of them + exposed DP
+  communication + optimizer step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from math import ceil
+
+from .hardware import GPU, get_gpu
+from .models import ModelSpec
+from .plan import Plan
+from .software import HYBRIDPAR, Software
+from .stages import params_per_rank, stages
+
+# Fraction of a link's peak that NCCL collectives reach as bus bandwidth (nccl-tests on DGX
+# A100/H100 reach roughly 75-85% of NVLink and InfiniBand peak; DeepSeek-V3 measures 160 of
+# H800's 200 GB/s NVLink) [S]. Assumed, not fitted.
+LINK_EFFICIENCY = 0.8
+# Fraction of peak HBM bandwidth that streaming (elementwise) kernels reach [S, assumed].
+HBM_EFFICIENCY = 0.85
+TILE = (128, 256)
+# Adam step per parameter of the optimizer shard: read and write fp32 master, momentum and
+# variance (24 B), read the gradient (4 B), write the 16-bit weight (2 B).
+OPTIMIZER_BYTES_PER_PARAM = 30
+
+
+# ---------------------------------------------------------------- FLOPs ---------------------
+def model_flops_per_seq(m: ModelSpec, seq_len: int) -> float:
+    """Megatron-Core's num_floating_point_operations per sequence (formulas.md §2): forward and
+    backward, GQA, SwiGLU (3 matrices) or 2-matrix MLP, logits; no recomputation."""
+    h, s = m.hidden, seq_len
+    attn = 12 * m.layers * h * h * (1 + m.kv_heads / m.heads + s / h)
+    mlp = (18 if m.mlp == "swiglu" else 12) * m.layers * m.ffn_hidden * h
+    return s * (attn + mlp + 6 * m.vocab * h)
+
+
+def recompute_flops_per_seq(m: ModelSpec, seq_len: int, recompute: str, flash: bool = True) -> float:
+    """Extra FLOPs of recomputation: full repeats each layer's forward; selective repeats the
+    attention core (free with FlashAttention, whose backward always recomputes it)."""
+    h, s = m.hidden, seq_len
+    layer_fwd = s * (4 * m.layers * h * h * (1 + m.kv_heads / m.heads + s / h)
+                     + (6 if m.mlp == "swiglu" else 4) * m.layers * m.ffn_hidden * h)
+    if recompute == "full":
+        return layer_fwd
+    if recompute == "selective" and not flash:
+        return s * 4 * m.layers * h * s
+    return 0.0
+
+
+# ---------------------------------------------------------------- kernels -------------------
+def gemm_time(m: int, k: int, n: int, gpu: GPU, peak: float, batch: int = 1, in_bytes: int = 2) -> float:
+    """Seconds for batch x (m x k) @ (k x n): roofline with wave quantisation."""
+    best = 0.0
+    for tm, tn in (TILE, TILE[::-1]):
+        tiles = batch * ceil(m / tm) * ceil(n / tn)
+        waves = ceil(tiles / gpu.sms)
+        best = max(best, batch * m * n / (waves * gpu.sms * tm * tn))
+    compute = 2.0 * batch * m * k * n / (peak * gpu.gemm_fraction * best)
+    memory = batch * (in_bytes * (m * k + k * n) + 2 * m * n) / (gpu.hbm_tbps * 1e12 * HBM_EFFICIENCY)
+    return max(compute, memory)
+
+
+def gemm_fwd_bwd(m: int, k: int, n: int, gpu: GPU, peak: float, batch: int = 1, in_bytes: int = 2):
+    fwd = gemm_time(m, k, n, gpu, peak, batch, in_bytes)
+    bwd = gemm_time(m, n, k, gpu, peak, batch, in_bytes) + gemm_time(k, m, n, gpu, peak, batch, in_bytes)
+    return fwd, bwd
+
+
+def hbm_time(nbytes: float, gpu: GPU) -> float:
+    return nbytes / (gpu.hbm_tbps * 1e12 * HBM_EFFICIENCY)
+
+
+def link_time(nbytes: float, gbps: float) -> float:
+    return nbytes / (gbps * 1e9 * LINK_EFFICIENCY)
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """One transformer layer, one micro-batch, one GPU (seconds)."""
+    fwd: float  # compute
+    bwd: float  # compute, including recomputation
+    tp: float  # exposed TP collectives, fwd + bwd
+    cp: float  # exposed CP K/V exchange, fwd + bwd
+
+
+@lru_cache(maxsize=None)
+def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: int, cp: int,
+               sp: bool, recompute: str, sw: Software, gpus_per_node: int) -> LayerTime:
+    peak = gpu.peak_tflops(precision) * 1e12
+    peak16 = gpu.bf16_tflops * 1e12
+    in_bytes = 1 if precision == "fp8" else 2
+    h, f, kv, d = m.hidden, m.ffn_hidden, m.kv_heads * m.head_dim, m.head_dim
+    s_loc = seq // cp
+    tokens = mb * s_loc
+    fwd = bwd = 0.0
+    up = f * (2 if m.mlp == "swiglu" else 1)
+    for k_dim, n_dim in ((h, (h + 2 * kv) // tp), (h // tp, h), (h, up // tp), (f // tp, h)):
+        gf, gb = gemm_fwd_bwd(tokens, k_dim, n_dim, gpu, peak, 1, in_bytes)
+        fwd, bwd = fwd + gf, bwd + gb
+    heads = m.heads // tp
+    if sw.flash_attention:
+        attn_flops = 4.0 * mb * s_loc * seq * heads * d * 0.5  # causal: half the square
+        af = attn_flops / (peak16 * (sw.attention_fraction or gpu.attention_fraction))
+        ab = 2.5 * af
+    else:
+        qk_f, qk_b = gemm_fwd_bwd(s_loc, d, seq, gpu, peak16, mb * heads)
+        av_f, av_b = gemm_fwd_bwd(s_loc, seq, d, gpu, peak16, mb * heads)
+        scores = mb * heads * s_loc * seq
+        drop_f, drop_b = (5, 5) if sw.dropout else (0, 0)
+        af = qk_f + av_f + hbm_time(scores * (4 + drop_f), gpu)
+        ab = qk_b + av_b + hbm_time(scores * (6 + drop_b), gpu)
+    fwd, bwd = fwd + af, bwd + ab
+    # Norms (2 x read+write h) and residual adds (2 x 2 reads + 1 write), 2 bytes each, split
+    # over TP only with sequence parallelism; activation function on the TP-split intermediate.
+    mask = 1 if sw.dropout else 0
+    hidden_bytes = (2 * 2 * 2 + 2 * 3 * 2 + 2 * mask) * h
+    act_bytes = (3 if m.mlp == "swiglu" else 2) * 2 * f / tp
+    ew = tokens * (hidden_bytes / (tp if sp else 1) + act_bytes)
+    fwd += hbm_time(ew, gpu)
+    bwd += hbm_time(2 * ew, gpu)
+    if recompute == "full":
+        bwd += fwd
+    elif recompute == "selective" and not sw.flash_attention:
+        bwd += af
+
+    collectives = 4 + (2 if recompute == "full" else 0)
+    tp_bw = gpu.nvlink_gbps if tp <= gpus_per_node else gpu.network_gbps
+    tp_t = collectives * link_time(2 * (tp - 1) / tp * tokens * h * 2, tp_bw) if tp > 1 else 0.0
+    cp_t = 0.0
+    if cp > 1:
+        exchanges = 2 + (1 if recompute == "full" else 0)  # K/V all-gather fwd, dK/dV reduce-scatter bwd
+        kv_bytes = mb * seq * 2 * kv / tp * 2
+        cp_bw = gpu.nvlink_gbps if tp * cp <= gpus_per_node else gpu.network_gbps
+        cp_t = exchanges * link_time((cp - 1) / cp * kv_bytes, cp_bw)
+    return LayerTime(fwd, bwd, tp_t, cp_t)
+
+
+@lru_cache(maxsize=None)
+def output_layer_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: int) -> tuple[float, float]:
+    """Logits GEMM and fp32 cross-entropy on the last stage (fwd, bwd)."""
+    peak = gpu.peak_tflops(precision) * 1e12
+    f, b = gemm_fwd_bwd(tokens, m.hidden, m.vocab // tp, gpu, peak, 1, 1 if precision == "fp8" else 2)
+    ce = hbm_time(tokens * 16 * m.vocab / tp, gpu)  # read/write fp32 logits a few times
+    return f + ce, b + ce
+
+
+# ---------------------------------------------------------------- step ----------------------
+@dataclass(frozen=True)
+class StepCost:
+    step_time_s: float
+    compute_s: float  # m micro-batches of compute on the slowest pipeline rank
+    bubble_s: float  # pipeline fill and drain: (p - 1)/v micro-batches of everything
+    tp_s: float
+    cp_s: float
+    pp_s: float
+    dp_s: float  # exposed DP communication
+    optimizer_s: float
+    model_flops: float  # per step, whole job
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+
+    @property
+    def bubble_fraction(self) -> float:
+        return self.bubble_s / self.step_time_s
+
+    def comm(self) -> dict:
+        return {"tp": self.tp_s, "cp": self.cp_s, "pp": self.pp_s, "dp": self.dp_s}
+
+
+def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float, bwd_mb: float) -> float:
+    d = plan.dp
+    if d == 1:
+        return 0.0
+    bw = gpu.nvlink_gbps if plan.world_size <= plan.gpus_per_node else gpu.network_gbps
+    ring = (d - 1) / d
+    grad = link_time(ring * n_params * (4 if sw.fp32_grads else 2), bw)  # reduce-scatter
+    gather = link_time(ring * n_params * 2, bw)  # all-gather of 16-bit weights
+    if plan.zero_stage == 3:  # gather for fwd and for bwd, reduce-scatter, every micro-batch
+        per_mb = 2 * gather + grad
+        exposed = max(0.0, per_mb - fwd_mb - bwd_mb) if sw.overlap_dp else per_mb
+        return plan.grad_accum * exposed
+    if plan.zero_stage == 2:
+        # Sharded gradients cannot be accumulated locally: each micro-batch's gradients are
+        # reduce-scattered during its backward (DeepSpeed ZeRO-2, FSDP SHARD_GRAD_OP).
+        rs = max(0.0, grad - bwd_mb) if sw.overlap_dp else grad
+        return plan.grad_accum * rs + (max(0.0, gather - fwd_mb) if sw.overlap_dp else gather)
+    if not sw.overlap_dp:
+        return grad + gather
+    return max(0.0, grad - bwd_mb) + max(0.0, gather - fwd_mb)
+
+
+def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> StepCost:
+    """gpu overrides the catalogue entry named by plan.gpu (e.g. a cluster with other NICs)."""
+    m, gpu = plan.model, gpu or get_gpu(plan.gpu)
+    lt = layer_time(m, gpu, plan.precision, plan.seq_len, plan.micro_batch, plan.tp, plan.cp,
+                    plan.sequence_parallel or plan.tp == 1, plan.recompute, sw, plan.gpus_per_node)
+    tokens = plan.micro_batch * plan.seq_len // plan.cp
+    worst = None
+    for st in stages(plan):
+        fwd, bwd = st.layers * lt.fwd, st.layers * lt.bwd
+        if st.has_output:
+            of, ob = output_layer_time(m, gpu, plan.precision, tokens, plan.tp)
+            fwd, bwd = fwd + of, bwd + ob
+        key = fwd + bwd + st.layers * (lt.tp + lt.cp)
+        if worst is None or key > worst[0]:
+            worst = (key, st, fwd, bwd)
+    _, st, fwd_mb, bwd_mb = worst
+    tp_mb, cp_mb = st.layers * lt.tp, st.layers * lt.cp
+    pp_mb = 0.0
+    if plan.pp > 1 and not (sw.overlap_p2p and plan.vpp > 1):
+        crosses = plan.tp * plan.cp * plan.pp > plan.gpus_per_node
+        bw = gpu.network_gbps if crosses else gpu.nvlink_gbps
+        pp_mb = 2 * plan.vpp * link_time(tokens * m.hidden * 2 / plan.tp, bw)
+    n_params = max(params_per_rank(plan, s) for s in stages(plan))
+    if not sw.fused_grad_accum:  # add the 16-bit weight gradient into the fp32 main grad
+        bwd_mb += hbm_time(10 * n_params, gpu)
+    mb_total = fwd_mb + bwd_mb + tp_mb + cp_mb + pp_mb
+    n_mb = plan.grad_accum
+    bubble = (plan.pp - 1) / plan.vpp * mb_total
+
+    dp = _dp_time(plan, gpu, sw, n_params, fwd_mb, bwd_mb)
+    shard = n_params / (plan.dp if plan.zero_stage >= 1 else 1)
+    optimizer = hbm_time(OPTIMIZER_BYTES_PER_PARAM * shard, gpu)
+
+    step = n_mb * mb_total + bubble + dp + optimizer
+    flops = plan.global_batch * model_flops_per_seq(m, plan.seq_len)
+    world = plan.world_size
+    tflops = flops / step / world / 1e12
+    return StepCost(
+        step_time_s=step, compute_s=n_mb * (fwd_mb + bwd_mb), bubble_s=bubble,
+        tp_s=n_mb * tp_mb, cp_s=n_mb * cp_mb, pp_s=n_mb * pp_mb, dp_s=dp, optimizer_s=optimizer,
+        model_flops=flops, tokens_per_s=plan.tokens_per_step / step, tflops_per_gpu=tflops,
+        mfu=tflops / gpu.peak_tflops(plan.precision),
+    )

@@ -1,0 +1,89 @@
+"""GPU catalogue: peaks, memory, link bandwidths and GPUs per node, each with its source.
+
+Source tags as in ../shared/docs/formulas.md: [V] read in a primary source, [S] secondary
+material only, [R] recalled. Bandwidths are per GPU and per direction unless named otherwise.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+
+class HardwareError(ValueError):
+    """An unknown GPU or a precision the GPU cannot run."""
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    bf16_tflops: float  # dense tensor-core peak for bf16/fp16 (no 2:4 sparsity)
+    fp8_tflops: float | None  # dense fp8 peak; None: no fp8 tensor cores
+    memory_gib: float  # usable device memory (what nvidia-smi reports)
+    hbm_tbps: float  # peak HBM bandwidth, TB/s
+    nvlink_gbps: float  # NVLink bandwidth per GPU per direction, GB/s
+    network_gbps: float  # scale-out NIC bandwidth per GPU per direction, GB/s
+    gpus_per_node: int
+    sms: int  # streaming multiprocessors: a GEMM's tiles are spread over these (wave quantisation)
+    # Largest fraction of the dense peak that a large, well-shaped bf16 GEMM sustains on this
+    # part ("maximum achievable matmul FLOPS", MAMF, measured by sweeping shapes with
+    # ml-engineering's mamf-finder.py). It captures clocks under the power limit and kernel
+    # efficiency, neither of which is in the marketing peak.
+    gemm_fraction: float
+    # Fraction of the dense peak a causal FlashAttention-2-class kernel sustains fwd+bwd.
+    attention_fraction: float
+
+    def peak_tflops(self, precision: str) -> float:
+        if precision == "fp8":
+            if self.fp8_tflops is None:
+                raise HardwareError(f"{self.name} has no fp8 tensor cores; use --precision bf16")
+            return self.fp8_tflops
+        if precision == "fp32":
+            raise HardwareError("the planner models 16-bit or fp8 training; use --precision bf16, fp16 or fp8")
+        return self.bf16_tflops
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+
+# A100 SXM: 312 TFLOP/s dense bf16 (Narayanan et al. 2021 §5) [V]; no fp8. HBM2 40 GB at
+# 1.555 TB/s, HBM2e 80 GB at 2.039 TB/s (A100 datasheet) [S]. NVLink 3: 600 GB/s per GPU
+# bidirectional = 300 per direction [S]. DGX A100: 8 x 200 Gb/s HDR per node = 25 GB/s per GPU
+# (Narayanan §5, Korthikanti §6) [V]. 108 SMs (A100 whitepaper) [S]. MAMF 267.9 TFLOP/s = 0.859
+# of peak (Bekman, ml-engineering "Maximum Achievable FLOPS" table) [S]. FlashAttention-2 on A100:
+# 50-73% of peak forward, lower backward (Dao 2023, abstract) [S]: 0.55 fwd+bwd assumed.
+_A100 = dict(bf16_tflops=312.0, fp8_tflops=None, nvlink_gbps=300.0, network_gbps=25.0,
+             gpus_per_node=8, sms=108, gemm_fraction=0.859, attention_fraction=0.55)
+
+# H100 SXM: 989 dense bf16, 1979 dense fp8; 80 GB HBM3 at 3.35 TB/s; NVLink 4 900 GB/s per GPU
+# bidirectional; 8 x 400 Gb/s compute NICs per node = 50 GB/s per GPU (NVIDIA dgxc-benchmarking
+# README) [V]. 132 SMs [S]. MAMF 792.1 TFLOP/s = 0.801 of peak (Bekman table) [S].
+# FlashAttention on H100: FA2 reaches ~35-40% of peak, FA3 ~75% (Shah et al. 2024) [S]: 0.5 assumed.
+_H100 = dict(bf16_tflops=989.0, fp8_tflops=1979.0, nvlink_gbps=450.0, network_gbps=50.0,
+             gpus_per_node=8, sms=132, gemm_fraction=0.801, attention_fraction=0.5)
+
+CATALOGUE: dict[str, GPU] = {
+    "a100-40gb": GPU("a100-40gb", memory_gib=40.0, hbm_tbps=1.555, **_A100),
+    "a100-80gb": GPU("a100-80gb", memory_gib=80.0, hbm_tbps=2.039, **_A100),
+    # nvidia-smi reports 81,559 MiB on an H100 80GB [R].
+    "h100-80gb": GPU("h100-80gb", memory_gib=79.6, hbm_tbps=3.35, **_H100),
+    # H800: H100 compute (dense bf16 assumed 989 [R]) with NVLink cut to 400 GB/s bidirectional [S];
+    # DeepSeek-V3 §3.2.2 measures 160 GB/s NVLink and 50 GB/s IB per GPU [V]; we use those
+    # achievable figures directly (they are already below peak, see LINK_EFFICIENCY in cost.py).
+    "h800-80gb": GPU("h800-80gb", memory_gib=79.6, hbm_tbps=3.35,
+                     **{**_H100, "nvlink_gbps": 200.0, "network_gbps": 50.0}),
+    # H200: GH100 compute as H100 (989 / 1979 dense), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s
+    # bidirectional, 700 W (formulas.md §7) [S]; nvidia-smi shows 143,771 MiB [R].
+    "h200-141gb": GPU("h200-141gb", memory_gib=140.4, hbm_tbps=4.8, **_H100),
+}
+
+ALIASES = {"h100": "h100-80gb", "h100-sxm": "h100-80gb", "a100": "a100-80gb", "h200": "h200-141gb",
+           "h800": "h800-80gb"}
+
+
+def get_gpu(name: str) -> GPU:
+    key = ALIASES.get(name.lower(), name.lower())
+    if key not in CATALOGUE:
+        raise HardwareError(f"unknown GPU {name!r}; choose one of {', '.join(CATALOGUE)}")
+    return CATALOGUE[key]

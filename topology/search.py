@@ -1,0 +1,247 @@
+"""Search: enumerate layouts, reject the infeasible with a reason, rank the rest by step time.
+
+Axes: TP, CP, PP (DP follows from the GPU count), micro-batch, virtual stages, ZeRO stage and
+recomputation; any may be pinned. Pruning keeps a full 16,384-GPU search well under a second:
+* cheap divisibility checks and a lower bound on model-state memory (16 bytes per parameter
+  over DP) run before anything is costed;
+* per layout, ZeRO stages are tried from the least to the most communication (1, 2, 3) and
+  recomputation from none to full; the first combination that fits is the fastest of those
+  that follow it (they only add communication or FLOPs), so the rest are skipped;
+* per-layer times are cached (cost.layer_time), rank groups are never built.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .cost import StepCost, step_cost
+from .hardware import GIB, GPU, get_gpu
+from .memory import StageMemory, plan_memory
+from .models import ModelSpec
+from .plan import RECOMPUTE_MODES, Plan, PlanError
+from .software import HYBRIDPAR, Software
+from .stages import params_per_rank, stages
+
+AXES = ("tp", "cp", "pp", "dp", "micro_batch", "vpp", "zero_stage", "recompute")
+MAX_MICRO_BATCH = 16
+MIN_CP_CHUNK = 1024  # tokens per CP rank below which splitting the sequence only adds traffic
+
+
+@dataclass(frozen=True)
+class Evaluated:
+    plan: Plan
+    memory: StageMemory
+    cost: StepCost
+    fits: bool
+
+    def to_json(self) -> dict:
+        p, c, mem = self.plan, self.cost, self.memory
+        return {
+            "tp": p.tp, "pp": p.pp, "cp": p.cp, "dp": p.dp, "vpp": p.vpp, "micro_batch": p.micro_batch,
+            "grad_accum": p.grad_accum, "zero_stage": p.zero_stage, "recompute": p.recompute,
+            "memory_gib": {k: round(getattr(mem, k) / GIB, 2)
+                           for k in ("params", "grads", "optimizer", "activations", "total")},
+            "fits": self.fits, "step_time_s": round(c.step_time_s, 4),
+            "tokens_per_s": round(c.tokens_per_s, 1), "tflops_per_gpu": round(c.tflops_per_gpu, 1),
+            "mfu": round(c.mfu, 4), "bubble_fraction": round(c.bubble_fraction, 4),
+            "comm_s": {k: round(v, 4) for k, v in c.comm().items()},
+        }
+
+
+@dataclass(frozen=True)
+class Rejected:
+    tp: int
+    pp: int
+    cp: int
+    dp: int
+    reason: str
+    need_bytes: float = 0.0  # smallest memory tried, for memory rejections (ranks tightness)
+
+    def to_json(self) -> dict:
+        return {"tp": self.tp, "pp": self.pp, "cp": self.cp, "dp": self.dp, "reason": self.reason}
+
+
+@dataclass
+class SearchResult:
+    plans: list[Evaluated]
+    rejected: list[Rejected]
+    evaluated: int = 0  # configurations costed
+    examined: int = 0  # configurations considered at all
+
+
+@dataclass(frozen=True)
+class Request:
+    model: ModelSpec
+    gpus: int
+    global_batch: int  # sequences
+    seq_len: int = 8192
+    gpu: str = "h100-80gb"
+    gpus_per_node: int = 8
+    precision: str = "bf16"
+    pins: dict = field(default_factory=dict)  # axis -> value, axes as in AXES
+    software: Software = HYBRIDPAR
+
+
+def _divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+def _choices(req: Request, axis: str, default: list) -> list:
+    return [req.pins[axis]] if axis in req.pins else default
+
+
+def evaluate(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> Evaluated:
+    gpu = gpu or get_gpu(plan.gpu)
+    mem = plan_memory(plan, sw)
+    return Evaluated(plan, mem, step_cost(plan, sw, gpu), mem.total <= gpu.memory_bytes)
+
+
+def _base_plan(req: Request, **kw) -> Plan:
+    return Plan(model=req.model, seq_len=req.seq_len, global_batch=req.global_batch, gpu=req.gpu,
+                gpus_per_node=req.gpus_per_node, precision=req.precision, **kw)
+
+
+def search(req: Request, top: int = 5) -> SearchResult:
+    gpu = get_gpu(req.gpu)
+    m, n, sw = req.model, req.gpus, req.software
+    if all(a in req.pins for a in AXES):
+        plan = _base_plan(req, **{a: req.pins[a] for a in AXES}, sequence_parallel=req.pins["tp"] > 1)
+        plan = _with_split(plan)
+        problems = plan.violations() + _layout_problems(plan, n, req.gpus_per_node)
+        if problems:
+            raise PlanError(problems[0])
+        return SearchResult([evaluate(plan, sw, gpu)], [], 1, 1)
+
+    result = SearchResult([], [])
+    tps = _choices(req, "tp", [d for d in _divisors(n) if m.heads % d == 0 and m.kv_heads % d == 0
+                               and m.ffn_hidden % d == 0])
+    for tp in tps:
+        if tp > req.gpus_per_node:
+            result.rejected.append(Rejected(tp, 0, 0, 0, f"tp {tp} beyond a node of {req.gpus_per_node} GPUs"))
+            continue
+        rest = n // tp if n % tp == 0 else 0
+        cps = _choices(req, "cp", [c for c in _divisors(rest) if c == 1 or (
+            req.seq_len % (2 * c) == 0 and req.seq_len // c >= MIN_CP_CHUNK)]) if rest else []
+        for cp in cps:
+            rest2 = rest // cp if rest % cp == 0 else 0
+            pps = _choices(req, "pp", [p for p in _divisors(rest2) if p <= m.layers]) if rest2 else []
+            for pp in pps:
+                if rest2 % pp:
+                    continue
+                dp = rest2 // pp
+                if "dp" in req.pins and req.pins["dp"] != dp:
+                    continue
+                _search_family(req, gpu, tp, cp, pp, dp, result)
+    result.plans.sort(key=lambda e: e.cost.step_time_s)
+    if not result.plans:
+        raise PlanError(no_plan_message(req, result))
+    result.plans = result.plans[:top]
+    return result
+
+
+def _with_split(plan: Plan) -> Plan:
+    """Llama 3's lighter end stages when the layers do not divide evenly but layers + 2 do."""
+    slots = plan.pp * plan.vpp
+    if plan.pp > 1 and plan.model.layers % slots and (plan.model.layers + 2) % slots == 0:
+        return plan.with_(lighter_end_stages=True)
+    return plan
+
+
+def _layout_problems(plan: Plan, gpus: int, per_node: int) -> list[str]:
+    out = []
+    if plan.world_size != gpus:
+        out.append(f"tp x cp x pp x dp = {plan.tp} x {plan.cp} x {plan.pp} x {plan.dp} = "
+                   f"{plan.world_size}, not the {gpus} GPUs asked for")
+    if plan.tp > per_node:
+        out.append(f"tp {plan.tp} beyond a node of {per_node} GPUs")
+    return out
+
+
+def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, result: SearchResult) -> None:
+    m, sw, cap = req.model, req.software, gpu.memory_bytes
+    reject = lambda reason, need=0.0: result.rejected.append(Rejected(tp, pp, cp, dp, reason, need))
+    if req.global_batch % dp:
+        return reject(f"global batch {req.global_batch} not divisible by dp {dp}")
+    even = m.layers % pp == 0
+    if pp > 1 and not even and (m.layers + 2) % pp:
+        return reject(f"layers {m.layers} (or {m.layers + 2} with lighter end stages) not divisible by pp {pp}")
+    probe = _with_split(_base_plan(req, tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=3, sequence_parallel=tp > 1))
+    floor = max(16 * params_per_rank(probe, s) for s in stages(probe)) / dp
+    if floor > cap:
+        return reject(f"weights, gradients and optimizer alone need {floor / GIB:.0f} GiB per GPU at "
+                      f"TP={tp}, PP={pp}, even with ZeRO-3 over DP={dp}", floor)
+
+    per_replica = req.global_batch // dp
+    mbs = _choices(req, "micro_batch", [b for b in _divisors(per_replica) if b <= MAX_MICRO_BATCH])
+    zeros = _choices(req, "zero_stage", [0] if dp == 1 else [1, 2, 3])
+    recomputes = _choices(req, "recompute", list(RECOMPUTE_MODES))
+    best_miss = None
+    found = False
+    for mb in mbs:
+        if per_replica % mb:
+            continue
+        accum = per_replica // mb
+        slots_max = m.layers + 2 if pp > 1 else m.layers
+        vpps = _choices(req, "vpp", [v for v in (1, 2, 3, 4, 6, 8, 12, 16) if v == 1 or (
+            pp > 1 and accum % pp == 0 and (m.layers % (pp * v) == 0 or (m.layers + 2) % (pp * v) == 0)
+            and pp * v <= slots_max)])
+        for v in vpps:
+            for zero in zeros:
+                outcome = _first_fit(req, gpu, result, tp, cp, pp, dp, mb, v, zero, recomputes)
+                if isinstance(outcome, Evaluated):
+                    found = True
+                    if outcome.plan.recompute == "none":
+                        break  # more ZeRO sharding only adds communication
+                elif isinstance(outcome, str):
+                    best_miss = best_miss or (None, outcome)
+                    break
+                elif outcome is not None and (best_miss is None or best_miss[0] is None
+                                              or outcome[0].total < best_miss[0].total):
+                    best_miss = outcome
+    if found:
+        return
+    if best_miss is None:
+        return reject("no micro-batch / virtual-stage combination divides the batch")
+    mem, detail = best_miss
+    if mem is None:
+        return reject(detail)
+    p = detail
+    reject(f"needs {mem.total / GIB:.0f} GiB per GPU at best (ZeRO-{p.zero_stage}, recompute {p.recompute}, "
+           f"micro-batch {p.micro_batch}: states {(mem.params + mem.grads + mem.optimizer) / GIB:.0f}, "
+           f"activations {mem.activations / GIB:.0f}), above the {gpu.name}'s {gpu.memory_gib:.0f} GiB",
+           mem.total)
+
+
+def _first_fit(req, gpu, result, tp, cp, pp, dp, mb, v, zero, recomputes):
+    """The first recomputation mode that fits (the fastest that fits): an Evaluated; else a
+    violation message, or (memory, plan) of the smallest miss."""
+    smallest = None
+    for rc in recomputes:
+        result.examined += 1
+        plan = _with_split(_base_plan(req, tp=tp, cp=cp, pp=pp, dp=dp, vpp=v, micro_batch=mb,
+                                      zero_stage=zero, recompute=rc, sequence_parallel=tp > 1))
+        problems = plan.violations()
+        if problems:
+            return problems[0]
+        mem = plan_memory(plan, req.software)
+        if mem.total > gpu.memory_bytes:
+            if smallest is None or mem.total < smallest[0].total:
+                smallest = (mem, plan)
+            continue
+        result.evaluated += 1
+        found = Evaluated(plan, mem, step_cost(plan, req.software, gpu), True)
+        result.plans.append(found)
+        return found
+    return smallest
+
+
+def no_plan_message(req: Request, result: SearchResult) -> str:
+    gpu = get_gpu(req.gpu)
+    memory = [r for r in result.rejected if r.need_bytes]
+    if memory:
+        tight = min(memory, key=lambda r: r.need_bytes)
+        return (f"no feasible plan for {req.model.name} on {req.gpus} x {gpu.name}; tightest: "
+                f"TP={tight.tp}, CP={tight.cp}, PP={tight.pp}, DP={tight.dp} {tight.reason}")
+    if result.rejected:
+        return f"no feasible plan for {req.model.name} on {req.gpus} GPUs; e.g. {result.rejected[0].reason}"
+    return f"no layout of {req.gpus} GPUs matches the pinned axes {req.pins}"

@@ -1,0 +1,45 @@
+"""What the training software does, as far as the memory and time models need to know.
+
+The planner plans for hybridpar's own stack (megatron-core with FlashAttention, sequence
+parallelism, no dropout, gradient reduction and parameter gathering overlapped with compute).
+The published runs used in tests/test_planner_cases.py were made with other code; their
+software is described here from the code they ran, never tuned to their throughput.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Software:
+    # FlashAttention: scores never stored, masked (causal) blocks skipped. Without it the
+    # s x s scores are written to HBM and softmax/dropout run as memory-bound kernels.
+    flash_attention: bool = True
+    # Dropout masks are stored and applied (1 byte per element), as in GPT-3-era training.
+    dropout: bool = False
+    # DP gradient reduce-scatter overlaps the last micro-batch's backward, and the parameter
+    # all-gather the next step's first forward (megatron-core overlap_grad_reduce /
+    # overlap_param_gather). False: both run after the backward, exposed.
+    overlap_dp: bool = True
+    # Pipeline sends/receives overlap compute in the interleaved schedule (overlap_p2p_comm).
+    overlap_p2p: bool = True
+    # Gradients reduced in fp32 (Llama 3: "FP32 gradient accumulation and reduce-scatter").
+    fp32_grads: bool = False
+    # Weight gradients accumulate into the fp32 main-grad buffer inside the GEMM epilogue
+    # (megatron-core gradient_accumulation_fusion). False: a separate memory-bound add per
+    # micro-batch reads the 16-bit gradient and reads and writes the fp32 buffer (10 B/param).
+    fused_grad_accum: bool = True
+    # Attention kernel efficiency (fraction of dense peak, fwd+bwd); None: the GPU's default
+    # (hardware.GPU.attention_fraction, a current FlashAttention-class kernel).
+    attention_fraction: float | None = None
+    # Tensor-parallel collectives are never overlapped: megatron-core runs them on the compute
+    # stream unless Transformer Engine's userbuffers are set up, which hybridpar does not do.
+
+
+HYBRIDPAR = Software()
+# Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
+# scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
+# DP all-reduce after the pipeline flush, blocking pipeline sends.
+# Gradient accumulation fusion came later (2022), so main grads are added by a separate kernel.
+MEGATRON_2021 = Software(flash_attention=False, dropout=True, overlap_dp=False, overlap_p2p=False,
+                         fused_grad_accum=False)
