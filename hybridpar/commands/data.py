@@ -22,7 +22,7 @@ def add_arguments(p):
     prep.add_argument("--embedded", action="store_true", help="prepare the shipped corpus (three Shakespeare plays)")
     prep.add_argument("--tokenizer", default="byte", help="'byte' (built in, vocab 257) or a tokenizer.json path")
     prep.add_argument("--eod-token", help="end-of-document token of a tokenizer.json (default: found by name)")
-    prep.add_argument("--out", required=True, metavar="PREFIX", help="output path prefix: writes PREFIX.bin, PREFIX.idx")
+    prep.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json")
     prep.add_argument("--json-key", default="text", help="key holding the text in JSON lines (default: text)")
     prep.add_argument("--quiet", action="store_true", help="no progress bar")
 

@@ -54,10 +54,14 @@ class IndexedTokens:
     ):
         for ext in (".bin", ".idx"):
             if not os.path.isfile(prefix + ext):
-                raise UsageError(f"no indexed dataset at {prefix}: {prefix}{ext} is missing; run `hybridpar data prepare`")
+                raise UsageError(
+                    f"no indexed dataset at {prefix}: {prefix}{ext} is missing; run `hybridpar data prepare`"
+                )
         meta = read_meta(prefix)
         if tokenizer is None and meta is None:
-            raise UsageError(f"{prefix} has no .meta.json (prepared elsewhere): name the tokenizer it was prepared with")
+            raise UsageError(
+                f"{prefix} has no .meta.json (prepared elsewhere): name the tokenizer it was prepared with"
+            )
         if tokenizer is None:
             tokenizer = load_tokenizer(meta.tokenizer)
         if model_vocab is not None:
@@ -71,7 +75,9 @@ class IndexedTokens:
         self.dataset = _build_gpt_dataset(prefix, seq_len, seed, tokenizer, cache_dir)
         self.samples_per_epoch = len(self.dataset)
         if self.samples_per_epoch == 0:
-            raise UsageError(f"{prefix} holds fewer than seq_len+1 = {seq_len + 1} tokens: use more text or a shorter sequence")
+            raise UsageError(
+                f"{prefix} holds fewer than seq_len+1 = {seq_len + 1} tokens: use more text or a shorter sequence"
+            )
 
     def global_batch(self, step: int) -> torch.Tensor:
         if step < 1:

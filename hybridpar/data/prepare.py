@@ -81,15 +81,50 @@ def check_inputs(inputs: Sequence[str]) -> None:
             raise UsageError(f"input {path} does not exist or is not a file")
 
 
-def _out_dir(prefix: str) -> str:
+def _make_out_dir(prefix: str) -> list[str]:
+    """Create the output directory; return the directories created, deepest first, for clean-up."""
     directory = os.path.dirname(os.path.abspath(prefix))
+    created = []
+    missing = directory
+    while not os.path.exists(missing):
+        created.append(missing)
+        missing = os.path.dirname(missing)
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as err:
         raise UsageError(f"cannot create output directory {directory}: {err.strerror}") from None
     if not os.access(directory, os.W_OK):
         raise UsageError(f"output directory {directory} is not writable: choose another --out")
-    return directory
+    return created
+
+
+class _Builder:
+    """megatron-core's IndexedDatasetBuilder on temporary paths, opened at the first document so that
+    bad or empty input fails before megatron is even imported."""
+
+    def __init__(self, tmp_prefix: str, vocab_size: int):
+        import numpy
+        import torch
+
+        from ._megatron import import_megatron
+
+        self._numpy, self._torch = numpy, torch
+        indexed = import_megatron("megatron.core.datasets.indexed_dataset")
+        self.bin_path, self.idx_path = indexed.get_bin_path(tmp_prefix), indexed.get_idx_path(tmp_prefix)
+        self.builder = indexed.IndexedDatasetBuilder(self.bin_path, dtype=indexed.DType.optimal_dtype(vocab_size))
+
+    def add_document(self, ids: list[int]) -> None:
+        self.builder.add_item(self._torch.from_numpy(self._numpy.asarray(ids, dtype=self._numpy.int64)))
+        self.builder.end_document()
+
+    def finalize(self) -> None:
+        self.builder.finalize(self.idx_path)
+
+    def discard(self) -> None:
+        self.builder.data_file.close()
+        for path in (self.bin_path, self.idx_path):
+            if os.path.exists(path):
+                os.remove(path)
 
 
 def prepare(
@@ -99,27 +134,19 @@ def prepare(
     json_key: str = "text",
     progress: bool = True,
 ) -> PreparedData:
-    check_inputs(inputs)
-    _out_dir(prefix)
-    import numpy
-    import torch
     from tqdm import tqdm
 
-    from ._megatron import import_megatron
-
-    megatron_indexed = import_megatron("megatron.core.datasets.indexed_dataset")
-    get_bin_path, get_idx_path = megatron_indexed.get_bin_path, megatron_indexed.get_idx_path
+    check_inputs(inputs)
+    created_dirs = _make_out_dir(prefix)
     tmp = f"{prefix}.tmp-{os.getpid()}"
-    tmp_bin, tmp_idx = get_bin_path(tmp), get_idx_path(tmp)
+    builder = None
     documents = tokens = 0
     total_bytes = sum(os.path.getsize(p) for p in inputs)
+    # disable=None: a bar on terminals only; leave=False: an error message stays the only line.
+    bar = tqdm(
+        total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", leave=False, disable=None if progress else True
+    )
     try:
-        dtype = megatron_indexed.DType.optimal_dtype(tokenizer.vocab_size)
-        builder = megatron_indexed.IndexedDatasetBuilder(tmp_bin, dtype=dtype)
-        # disable=None: a bar on terminals only; leave=False: an error message stays the only line.
-        bar = tqdm(
-            total=total_bytes, unit="B", unit_scale=True, desc="tokenizing", leave=False, disable=None if progress else True
-        )
         with bar:
             for path in inputs:
                 for text, consumed in iter_documents(path, json_key):
@@ -127,21 +154,28 @@ def prepare(
                     if not text.strip():
                         continue
                     ids = tokenizer.encode(text) + [tokenizer.eod]
-                    builder.add_item(torch.from_numpy(numpy.asarray(ids, dtype=numpy.int64)))
-                    builder.end_document()
+                    builder = builder or _Builder(tmp, tokenizer.vocab_size)
+                    builder.add_document(ids)
                     documents += 1
                     tokens += len(ids)
-        builder.finalize(tmp_idx)
-        if documents == 0:
+        if builder is None:
             raise UsageError(f"no text in {', '.join(inputs)}: every input is empty")
+        builder.finalize()
         data = PreparedData(prefix, tokenizer.name, tokenizer.vocab_size, tokenizer.eod, documents, tokens)
         with open(tmp + ".meta.json", "w") as f:
             json.dump(asdict(data), f, indent=1)
-        os.replace(tmp_bin, get_bin_path(prefix))
-        os.replace(tmp_idx, get_idx_path(prefix))
+        os.replace(builder.bin_path, prefix + ".bin")
+        os.replace(builder.idx_path, prefix + ".idx")
         os.replace(tmp + ".meta.json", meta_path(prefix))
         return data
-    finally:
-        for leftover in (tmp_bin, tmp_idx, tmp + ".meta.json"):
-            if os.path.exists(leftover):
-                os.remove(leftover)
+    except BaseException:
+        if builder is not None:
+            builder.discard()
+        if os.path.exists(tmp + ".meta.json"):
+            os.remove(tmp + ".meta.json")
+        for directory in created_dirs:
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break
+        raise

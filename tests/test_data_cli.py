@@ -1,0 +1,77 @@
+"""`hybridpar data prepare` as users run it: the installed command in a subprocess."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy
+import pytest
+
+from hybridpar.data._megatron import import_megatron
+
+HYBRIDPAR = os.path.join(os.path.dirname(sys.executable), "hybridpar")
+
+
+def hybridpar(*args, cwd=None):
+    return subprocess.run([HYBRIDPAR, *args], capture_output=True, text=True, cwd=cwd, timeout=120)
+
+
+def test_prepare_jsonl_writes_megatron_files_and_reports_counts(tmp_path):
+    lines = [json.dumps({"content": t}) for t in ("first document", "second one")]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    out = tmp_path / "sub" / "ds"
+    result = hybridpar("data", "prepare", str(tmp_path / "in.jsonl"), "--json-key", "content", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "2 documents, 26 tokens (tokenizer byte, vocab 257, end-of-document id 256)" in result.stdout
+    dataset = import_megatron("megatron.core.datasets.indexed_dataset").IndexedDataset(str(out))
+    assert bytes(numpy.asarray(dataset[1])[:-1].tolist()) == b"second one" and dataset[1][-1] == 256
+
+
+def test_prepare_embedded_corpus(tmp_path):
+    result = hybridpar("data", "prepare", "--embedded", "--out", str(tmp_path / "emb"), "--quiet")
+    assert result.returncode == 0, result.stderr
+    assert "3 documents, 375814 tokens" in result.stdout
+
+
+def bad_cases(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "ok.txt").write_text("text")
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "bad.jsonl").write_text("{not json}\n")
+    return {
+        "missing input": (["missing.txt"], "input missing.txt does not exist"),
+        "no input": ([], "no input files"),
+        "empty input": ([str(tmp_path / "empty.txt")], "every input is empty"),
+        "unknown tokenizer": ([str(tmp_path / "ok.txt"), "--tokenizer", "gpt9"], "unknown tokenizer 'gpt9'"),
+        "unwritable out dir": (
+            [str(tmp_path / "ok.txt"), "--out", str(tmp_path / "afile" / "ds")],
+            "cannot create output directory",
+        ),
+        "bad json": ([str(tmp_path / "bad.jsonl")], "bad.jsonl:1: not a JSON object"),
+        "both inputs and embedded": ([str(tmp_path / "ok.txt"), "--embedded"], "not both"),
+    }
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "missing input",
+        "no input",
+        "empty input",
+        "unknown tokenizer",
+        "unwritable out dir",
+        "bad json",
+        "both inputs and embedded",
+    ],
+)
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, case):
+    args, message = bad_cases(tmp_path)[case]
+    if "--out" not in args:
+        args = [*args, "--out", str(tmp_path / "out" / "ds")]
+    before = sorted(os.listdir(tmp_path))
+    result = hybridpar("data", "prepare", *args, cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("hybridpar data: error: "), result.stderr
+    assert message in result.stderr
+    assert result.stdout == ""
+    assert sorted(os.listdir(tmp_path)) == before and not list(tmp_path.glob("out/*"))
