@@ -206,7 +206,7 @@ def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, r
     if mem is None:
         return reject(detail)
     p = detail
-    reject(f"needs {mem.total / GIB:.0f} GiB per GPU at best (ZeRO-{p.zero_stage}, recompute {p.recompute}, "
+    reject(f"needs {mem.total / GIB:.0f} GiB per GPU at TP={tp}, CP={cp}, PP={pp}, DP={dp} at best (ZeRO-{p.zero_stage}, recompute {p.recompute}, "
            f"micro-batch {p.micro_batch}: states {(mem.params + mem.grads + mem.optimizer) / GIB:.0f}, "
            f"activations {mem.activations / GIB:.0f}), above the {gpu.name}'s {gpu.memory_gib:.0f} GiB",
            mem.total)
@@ -240,8 +240,7 @@ def no_plan_message(req: Request, result: SearchResult) -> str:
     memory = [r for r in result.rejected if r.need_bytes]
     if memory:
         tight = min(memory, key=lambda r: r.need_bytes)
-        return (f"no feasible plan for {req.model.name} on {req.gpus} x {gpu.name}; tightest: "
-                f"TP={tight.tp}, CP={tight.cp}, PP={tight.pp}, DP={tight.dp} {tight.reason}")
+        return f"no feasible plan for {req.model.name} on {req.gpus} x {gpu.name}; tightest: {tight.reason}"
     if result.rejected:
         return f"no feasible plan for {req.model.name} on {req.gpus} GPUs; e.g. {result.rejected[0].reason}"
     return f"no layout of {req.gpus} GPUs matches the pinned axes {req.pins}"

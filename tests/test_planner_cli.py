@@ -1,0 +1,108 @@
+"""`hybridpar plan`: the exact interface, JSON output, and bad input -> one line, exit 2."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridpar.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def run(argv, capsys):
+    code = main(["plan", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_json_output(capsys):
+    code, out, _ = run(["--model", "llama3-70b", "--gpus", "64", "--top", "3", "--json"], capsys)
+    assert code == 0
+    data = json.loads(out)
+    assert set(data) == {"plans", "rejected"}
+    assert 1 <= len(data["plans"]) <= 3
+    assert data["plans"][0]["tp"] * data["plans"][0]["pp"] * data["plans"][0]["cp"] * data["plans"][0]["dp"] == 64
+
+
+def test_human_table_shows_memory_time_and_rejections(capsys):
+    code, out, _ = run(["--model", "llama3-8b", "--gpus", "16", "--gpus-per-node", "4", "--seq-len", "4096",
+                        "--global-batch", "48"], capsys)
+    assert code == 0
+    for text in ("Memory per GPU", "Time per step", "Rejected layout families", "beyond a node", "MFU"):
+        assert text in out
+
+
+def test_every_axis_pinned_reports_fits_false(capsys):
+    code, out, _ = run(["--model", "llama3-405b", "--gpus", "128", "--tp", "8", "--pp", "1", "--cp", "1",
+                        "--dp", "16", "--micro-batch", "1", "--vpp", "1", "--zero", "0", "--recompute", "none",
+                        "--global-batch", "64", "--json"], capsys)
+    assert code == 0
+    (plan,) = json.loads(out)["plans"]
+    assert plan["fits"] is False
+
+
+BAD = [
+    (["--model", "nope", "--gpus", "8"], "unknown model"),
+    (["--model", "llama3-8b", "--gpus", "8", "--gpu", "tpu-v9"], "unknown GPU"),
+    (["--model", "llama3-8b", "--gpus", "12"], "not a multiple of --gpus-per-node"),
+    (["--model", "llama3-8b", "--gpus", "0"], "positive"),
+    (["--model", "llama3-8b", "--gpus", "-8"], "positive"),
+    (["--model", "llama3-8b", "--gpus", "8", "--tp", "3"], "does not divide"),
+    (["--model", "llama3-8b", "--gpus", "16", "--tp", "4", "--pp", "2", "--cp", "1", "--dp", "4"], "but --gpus is 16"),
+    (["--model", "gpt3-175b", "--gpus", "40", "--tp", "8", "--pp", "5", "--cp", "1", "--dp", "1",
+      "--micro-batch", "1", "--vpp", "1", "--zero", "1", "--recompute", "full"], "not divisible by pp"),
+    (["--model", "llama3-8b", "--gpus", "8", "--tp", "16"], "does not divide"),
+    (["--model", "llama3-8b", "--gpus", "64", "--gpus-per-node", "4", "--tp", "8", "--pp", "1", "--cp", "1",
+      "--dp", "8", "--micro-batch", "1", "--vpp", "1", "--zero", "1", "--recompute", "none"], "beyond a node"),
+    (["--model", "llama3-8b", "--gpus", "8", "--global-batch", "8", "--global-batch-tokens", "65536"], "not allowed with"),
+    (["--model", "llama3-8b", "--gpus", "8", "--global-batch-tokens", "1000"], "not a multiple of --seq-len"),
+    (["--model", "llama3-8b", "--gpus", "8", "--zero", "4"], "--zero"),
+    (["--model", "llama3-8b", "--gpus", "8", "--gpu", "a100-80gb", "--precision", "fp8"], "fp8"),
+    (["--model", "llama3-405b", "--gpus", "8"], "no feasible plan"),
+]
+
+
+@pytest.mark.parametrize("argv, message", BAD, ids=[m for _, m in BAD])
+def test_bad_input_is_one_line_exit_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        code = main(["plan", *argv])
+        raise SystemExit(code)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("content, suffix, message", [
+    ("{not json", ".json", "malformed"),
+    ('{"layers": 2, "hidden": 64}', ".json", "missing model key"),
+    ("layers: [1, 2\n", ".yaml", "malformed"),
+    ('{"layers": 2, "hidden": 64, "ffn_hidden": 128, "heads": 4, "kv_heads": 3, "vocab": 10, "mlp": "swiglu"}',
+     ".json", "not divisible by kv_heads"),
+])
+def test_malformed_model_file(tmp_path, content, suffix, message, capsys):
+    path = tmp_path / f"model{suffix}"
+    path.write_text(content)
+    code = main(["plan", "--model", str(path), "--gpus", "8"])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1
+
+
+def test_subprocess_exit_code_and_no_traceback():
+    bad = subprocess.run([sys.executable, "-m", "hybridpar", "plan", "--model", "nope.json", "--gpus", "8"],
+                         cwd=REPO, capture_output=True, text=True)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    good = subprocess.run([sys.executable, "-m", "hybridpar", "plan", "--model", "llama3-405b", "--gpus", "16384",
+                           "--json", "--top", "1"], cwd=REPO, capture_output=True, text=True)
+    assert good.returncode == 0, good.stderr
+    assert json.loads(good.stdout)["plans"][0]["fits"] is True
+
+
+def test_model_file_yaml(tmp_path, capsys):
+    path = tmp_path / "m.yaml"
+    path.write_text("layers: 4\nhidden: 1024\nffn_hidden: 2816\nheads: 8\nkv_heads: 8\nvocab: 32000\nmlp: swiglu\n")
+    code = main(["plan", "--model", str(path), "--gpus", "8", "--seq-len", "2048", "--global-batch", "16", "--json"])
+    assert code == 0
+    assert json.loads(capsys.readouterr().out)["plans"]

@@ -1,0 +1,77 @@
+"""FLOPs formula against published values; the time model's shape and communication terms."""
+import pytest
+
+from topology.cost import gemm_time, model_flops_per_seq, recompute_flops_per_seq, step_cost
+from topology.hardware import get_gpu
+from topology.models import PRESETS, ModelSpec
+from topology.plan import Plan
+
+GPT3 = PRESETS["gpt3-175b"]
+
+
+def test_flops_match_dgx_cloud_examples():
+    # NVIDIA dgxc-benchmarking READMEs (formulas.md §2).
+    assert model_flops_per_seq(PRESETS["llama3-8b"], 8192) == pytest.approx(4.74e14, rel=0.005)
+    assert model_flops_per_seq(GPT3, 2048) == pytest.approx(2.20e15, rel=0.005)
+    nemotron = ModelSpec(96, 18432, 73728, 96, 8, 256000, "gelu", "nemotron4-340b")
+    assert model_flops_per_seq(nemotron, 4096) == pytest.approx(8.62e15, rel=0.005)
+
+
+def test_full_recompute_adds_one_forward():
+    m = PRESETS["llama3-70b"]
+    extra = recompute_flops_per_seq(m, 8192, "full")
+    logits = 6 * m.vocab * m.hidden * 8192
+    assert extra == pytest.approx((model_flops_per_seq(m, 8192) - logits) / 3)
+    assert recompute_flops_per_seq(m, 8192, "selective", flash=True) == 0
+    assert recompute_flops_per_seq(m, 8192, "selective", flash=False) > 0
+
+
+def test_gemm_efficiency_falls_with_size_and_quantises_in_waves():
+    h100 = get_gpu("h100-80gb")
+    peak = h100.bf16_tflops * 1e12
+    rate = lambda m, k, n: 2 * m * k * n / gemm_time(m, k, n, h100, peak) / peak
+    assert rate(8192, 8192, 8192) == pytest.approx(h100.gemm_fraction, rel=0.05)
+    assert rate(128, 8192, 1024) < 0.5 * rate(8192, 8192, 8192)  # small TP-split / micro-batch GEMM
+    # One tile past a full wave costs a whole extra wave.
+    full = 132 * 128 * 256
+    assert gemm_time(128 * 132, 4096, 256 + 1, h100, peak) > 1.5 * gemm_time(128 * 132, 4096, 256, h100, peak)
+    assert full > 0
+
+
+def _plan(**kw):
+    base = dict(model=PRESETS["llama3-70b"], seq_len=8192, global_batch=256, tp=8, pp=4, dp=2,
+                micro_batch=1, zero_stage=1, sequence_parallel=True)
+    base.update(kw)
+    return Plan(**base)
+
+
+def test_bubble_follows_p_minus_one_over_vm():
+    c1 = step_cost(_plan())
+    m = 256 // 2
+    per_mb = (c1.step_time_s - c1.bubble_s - c1.dp_s - c1.optimizer_s) / m
+    assert c1.bubble_s == pytest.approx(3 * per_mb, rel=1e-6)
+    c2 = step_cost(_plan(vpp=2))
+    assert c2.bubble_s < c1.bubble_s
+
+
+def test_tp_collectives_slow_down_across_nodes():
+    inside = step_cost(_plan(tp=8, pp=4, dp=2, gpus_per_node=8))
+    across = step_cost(_plan(tp=8, pp=4, dp=2, gpus_per_node=4))
+    assert across.tp_s > 5 * inside.tp_s
+    assert step_cost(_plan(tp=1, pp=8, dp=8, global_batch=256, zero_stage=3)).tp_s == 0
+
+
+def test_dp_ring_cost_grows_toward_2x_bytes():
+    sw_free = step_cost(_plan(dp=2))
+    assert sw_free.comm()["dp"] >= 0
+    from topology.software import MEGATRON_2021
+    two = step_cost(_plan(dp=2, global_batch=256), MEGATRON_2021).dp_s
+    many = step_cost(_plan(dp=64, global_batch=256), MEGATRON_2021).dp_s
+    assert many / two == pytest.approx((63 / 64) / (1 / 2), rel=1e-6)
+
+
+def test_mfu_is_model_flops_over_peak():
+    c = step_cost(_plan())
+    gpu = get_gpu("h100-80gb")
+    assert c.mfu == pytest.approx(c.model_flops / c.step_time_s / 64 / (gpu.bf16_tflops * 1e12))
+    assert 0.2 < c.mfu < gpu.gemm_fraction

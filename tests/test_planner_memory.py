@@ -1,0 +1,92 @@
+"""Memory model: ZeRO arithmetic, Korthikanti's activation formulas, largest stage decides."""
+import pytest
+
+from topology.memory import (FIXED_OVERHEAD_BYTES, layer_activation_bytes, model_state_bytes,
+                             plan_memory, stage_memory)
+from topology.models import PRESETS, ModelSpec
+from topology.plan import Plan
+from topology.software import HYBRIDPAR, MEGATRON_2021
+from topology.stages import stages
+
+
+@pytest.mark.parametrize("zero, expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_example(zero, expected_gb):
+    # Rajbhandari et al. 2020, Figure 1: 7.5B parameters, N_d = 64.
+    total = sum(model_state_bytes(7.5e9, 64, zero)) / 1e9
+    assert total == pytest.approx(expected_gb, abs=0.06)
+
+
+def test_zero3_shrinks_to_one_over_dp():
+    for dp in (1, 8, 64, 1024):
+        assert sum(model_state_bytes(1e9, dp, 3)) == pytest.approx(16e9 / dp)
+    assert model_state_bytes(1e9, 8, 2, fp32_grads=True)[1] == pytest.approx(4e9 / 8)
+
+
+def _gpt(a=96, h=12288, layers=96):
+    return ModelSpec(layers, h, 4 * h, a, a, 51200, "gelu", "gpt")
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_korthikanti_tp_without_sp(t):
+    m, s, b = _gpt(), 2048, 1
+    plan = Plan(m, s, 8, tp=t, micro_batch=b)
+    expected = s * b * m.hidden * (10 + 24 / t + 5 * m.heads * s / (m.hidden * t))
+    assert layer_activation_bytes(plan, MEGATRON_2021) == pytest.approx(expected)
+
+
+def test_korthikanti_sp_selective_and_full():
+    m, s, t = _gpt(), 2048, 8
+    sp = Plan(m, s, 8, tp=t, sequence_parallel=True)
+    assert layer_activation_bytes(sp, MEGATRON_2021) == pytest.approx(s * m.hidden / t * (34 + 5 * m.heads * s / m.hidden))
+    sel = sp.with_(recompute="selective")
+    assert layer_activation_bytes(sel, MEGATRON_2021) == pytest.approx(34 * s * m.hidden / t)
+    full = sp.with_(recompute="full")
+    assert layer_activation_bytes(full, MEGATRON_2021) == pytest.approx(2 * s * m.hidden / t)
+    # FlashAttention never stores the scores: as small as selective recomputation.
+    assert layer_activation_bytes(sp, MEGATRON_2021.__class__(dropout=True)) == pytest.approx(34 * s * m.hidden / t)
+
+
+def test_cp_splits_activations():
+    m = PRESETS["llama3-70b"]
+    one = layer_activation_bytes(Plan(m, 8192, 64, tp=8, sequence_parallel=True), HYBRIDPAR)
+    four = layer_activation_bytes(Plan(m, 8192, 64, tp=8, cp=4, sequence_parallel=True), HYBRIDPAR)
+    assert four == pytest.approx(one / 4)
+
+
+def test_first_stage_holds_pp_micro_batches_and_interleaving_adds():
+    m = PRESETS["llama3-70b"]
+    base = Plan(m, 8192, 512, tp=8, pp=8, dp=4, sequence_parallel=True)
+    first, *_, last = stages(base)
+    a_first = stage_memory(base, first).activations
+    a_last = stage_memory(base, last).activations
+    per_layer = layer_activation_bytes(base, HYBRIDPAR)
+    assert a_first >= 8 * first.layers * per_layer  # p micro-batches in flight
+    assert a_last < a_first
+    inter = base.with_(vpp=2)
+    # Korthikanti: x (1 + (p - 1)/(p v)) on the first stage.
+    ratio = stage_memory(inter, first).activations / a_first
+    assert ratio == pytest.approx(1 + 7 / 16, rel=0.02)
+
+
+def test_largest_stage_decides_and_allowance_is_included():
+    m = PRESETS["llama3-8b"]
+    plan = Plan(m, 8192, 64, tp=1, pp=4, dp=2, zero_stage=1)
+    totals = [stage_memory(plan, s).total for s in stages(plan)]
+    assert plan_memory(plan).total == max(totals)
+    assert plan_memory(plan).buffers >= FIXED_OVERHEAD_BYTES
+
+
+def test_embedding_on_first_and_output_on_last():
+    m = PRESETS["llama3-8b"]
+    plan = Plan(m, 8192, 64, tp=2, pp=4, dp=2, zero_stage=0)
+    first, middle, last = stages(plan)
+    p_first, p_mid = stage_memory(plan, first).params, stage_memory(plan, middle).params
+    assert p_first - p_mid == pytest.approx(2 * m.vocab * m.hidden / 2)
+
+
+def test_lighter_end_stages_split_llama3_405b():
+    m = PRESETS["llama3-405b"]
+    plan = Plan(m, 8192, 2048, tp=8, pp=16, dp=128, lighter_end_stages=True)
+    assert not plan.violations()
+    assert [s.layers for s in stages(plan)] == [7, 8, 7]
+    assert Plan(m, 8192, 2048, tp=8, pp=16, dp=128).violations()  # 126 does not divide by 16

@@ -1,0 +1,64 @@
+"""Search: the Llama 3 405B result, pinned evaluation, rejection reasons, JSON schema."""
+import pytest
+
+from topology.models import PRESETS
+from topology.plan import PlanError
+from topology.search import AXES, Request, search
+
+LLAMA = PRESETS["llama3-405b"]
+PLAN_KEYS = {"tp", "pp", "cp", "dp", "vpp", "micro_batch", "grad_accum", "zero_stage", "recompute",
+             "memory_gib", "fits", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+             "bubble_fraction", "comm_s"}
+
+
+@pytest.fixture(scope="module")
+def llama_16k():
+    return search(Request(LLAMA, 16384, 2048, 8192), top=50)
+
+
+def test_llama3_405b_best_plan_is_meta_layout_or_faster(llama_16k):
+    best = llama_16k.plans[0]
+    meta = [e for e in llama_16k.plans if (e.plan.tp, e.plan.pp, e.plan.cp, e.plan.dp) == (8, 16, 1, 128)]
+    pinned = search(Request(LLAMA, 16384, 2048, 8192, pins={"tp": 8, "pp": 16, "cp": 1, "dp": 128})).plans[0]
+    assert pinned.fits
+    assert best.cost.step_time_s <= pinned.cost.step_time_s
+    assert (best.plan.tp, best.plan.pp, best.plan.dp) == (8, 16, 128) or best.plan.cp > 1 or not meta
+    # What README states: TP8 PP16 DP128 is within 10% of the best plan.
+    assert pinned.cost.step_time_s < 1.10 * best.cost.step_time_s
+    assert all(e.fits for e in llama_16k.plans)
+    assert [e.cost.step_time_s for e in llama_16k.plans] == sorted(e.cost.step_time_s for e in llama_16k.plans)
+
+
+def test_json_schema(llama_16k):
+    entry = llama_16k.plans[0].to_json()
+    assert set(entry) == PLAN_KEYS
+    assert set(entry["memory_gib"]) == {"params", "grads", "optimizer", "activations", "total"}
+    assert set(entry["comm_s"]) == {"tp", "cp", "pp", "dp"}
+    for r in llama_16k.rejected:
+        assert set(r.to_json()) == {"tp", "pp", "cp", "dp", "reason"} and r.reason
+
+
+def test_all_pinned_returns_the_config_even_when_it_does_not_fit():
+    pins = dict(tp=8, pp=1, cp=1, dp=16, micro_batch=1, vpp=1, zero_stage=0, recompute="none")
+    assert set(pins) == set(AXES)
+    result = search(Request(LLAMA, 128, 64, 8192, pins=pins))
+    (only,) = result.plans
+    assert not only.fits
+    assert only.memory.total > 80 * 1024**3
+
+
+def test_no_feasible_plan_names_tightest_constraint():
+    with pytest.raises(PlanError, match=r"tightest: weights, gradients and optimizer alone need \d+ GiB per GPU at TP=\d, PP=1"):
+        search(Request(LLAMA, 8, 8, 8192))
+
+
+def test_rejected_reasons_cover_divisibility_and_tp_beyond_node():
+    result = search(Request(PRESETS["llama3-8b"], 64, 48, 4096, gpus_per_node=4), top=3)
+    reasons = " | ".join(r.reason for r in result.rejected)
+    assert "beyond a node" in reasons
+    assert "not divisible by dp" in reasons
+
+
+def test_pins_are_respected():
+    result = search(Request(PRESETS["llama3-70b"], 256, 512, 8192, pins={"tp": 4, "recompute": "full"}), top=5)
+    assert all(e.plan.tp == 4 and e.plan.recompute == "full" for e in result.plans)

@@ -1,0 +1,60 @@
+"""The published runs of ../shared/cases/public_cases.json as Plans, with the software and
+network each run actually had (from its paper or README), for checking the planner.
+
+Nothing here is tuned to the reported throughput: each case's layout is evaluated as given;
+an unpublished micro-batch or virtual-stage count is chosen by the planner (fastest that fits).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from .hardware import GPU, get_gpu
+from .models import ModelSpec
+from .plan import Plan
+from .search import Evaluated, evaluate
+from .software import HYBRIDPAR, MEGATRON_2021, Software
+
+CASES_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "cases" / "public_cases.json"
+
+
+def load_cases(path: Path = CASES_PATH) -> list[dict]:
+    return json.loads(Path(path).read_text())
+
+
+def case_software(case: dict) -> tuple[Software, GPU]:
+    gpu = get_gpu(case["gpu"].lower())
+    if case["id"].startswith("llama3"):
+        # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2); FlashAttention-2
+        # on H100 reaches "only 35% utilization" (FlashAttention-3 paper, abstract).
+        return replace(HYBRIDPAR, fp32_grads=True, attention_fraction=0.35), gpu
+    if case["id"].startswith("bloom"):
+        # Jean Zay: 4 Omni-Path 100 Gb/s links per 8-GPU node = 6.25 GB/s per GPU (BLOOM README).
+        return MEGATRON_2021, replace(gpu, network_gbps=4 * 100 / 8 / 8)
+    return MEGATRON_2021, gpu
+
+
+def case_plans(case: dict) -> list[Plan]:
+    m = ModelSpec(case["layers"], case["hidden"], case["ffn_hidden"], case["heads"], case["kv_heads"],
+                  case["vocab"], case["mlp"], case["id"])
+    modern = case["id"].startswith("llama3")
+    out = []
+    for mb in [case["micro_batch"]] if case["micro_batch"] else [1, 2]:
+        for v in [case["vpp"]] if case["vpp"] else [1, 2, 4, 8]:
+            plan = Plan(m, case["seq_len"], case["global_batch_seqs"], tp=case["tp"], cp=case["cp"],
+                        pp=case["pp"], dp=case["dp"], vpp=v, micro_batch=mb, zero_stage=case["zero_stage"],
+                        recompute=case["recompute"] or "none", sequence_parallel=modern and case["tp"] > 1,
+                        precision="fp16" if case["precision"].startswith("fp16") else "bf16",
+                        gpu=case["gpu"].lower(),
+                        lighter_end_stages=case["pp"] > 1 and case["layers"] % case["pp"] != 0)
+            if not plan.violations():
+                out.append(plan)
+    return out
+
+
+def predict_case(case: dict) -> Evaluated:
+    sw, gpu = case_software(case)
+    results = [evaluate(p, sw, gpu) for p in case_plans(case)]
+    fitting = [e for e in results if e.fits] or results
+    return min(fitting, key=lambda e: e.cost.step_time_s)
