@@ -68,9 +68,9 @@ CATALOGUE: dict[str, GPU] = {
     "a100-80gb": GPU("a100-80gb", memory_gib=80.0, hbm_tbps=2.039, **_A100),
     # nvidia-smi reports 81,559 MiB on an H100 80GB [R].
     "h100-80gb": GPU("h100-80gb", memory_gib=79.6, hbm_tbps=3.35, **_H100),
-    # H800: H100 compute (dense bf16 assumed 989 [R]) with NVLink cut to 400 GB/s bidirectional [S];
-    # DeepSeek-V3 §3.2.2 measures 160 GB/s NVLink and 50 GB/s IB per GPU [V]; we use those
-    # achievable figures directly (they are already below peak, see LINK_EFFICIENCY in cost.py).
+    # H800: H100 compute (dense bf16 assumed 989 [R]) with NVLink cut to 400 GB/s bidirectional
+    # = 200 per direction [S]; DeepSeek-V3 §3.2.2 measures 160 GB/s NVLink (= 0.8 x 200, cf.
+    # LINK_EFFICIENCY in cost.py) and 50 GB/s InfiniBand per GPU [V].
     "h800-80gb": GPU("h800-80gb", memory_gib=79.6, hbm_tbps=3.35,
                      **{**_H100, "nvlink_gbps": 200.0, "network_gbps": 50.0}),
     # H200: GH100 compute as H100 (989 / 1979 dense), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .hardware import GIB, GPU
+from .hardware import GIB
 from .plan import Plan
 from .software import HYBRIDPAR, Software
 from .stages import Stage, layer_params_per_rank, params_per_rank, stages
@@ -51,9 +51,8 @@ class StageMemory:
         return self.params + self.grads + self.optimizer + self.activations + self.buffers
 
     def gib(self) -> dict:
-        out = {k: round(getattr(self, k) / GIB, 2)
-               for k in ("params", "grads", "optimizer", "activations", "buffers", "total")}
-        return out
+        return {k: round(getattr(self, k) / GIB, 2)
+                for k in ("params", "grads", "optimizer", "activations", "buffers", "total")}
 
 
 def model_state_bytes(n_params: float, dp: int, zero_stage: int, fp32_grads: bool = False):
@@ -91,7 +90,7 @@ def in_flight(plan: Plan, rank: int) -> float:
     return min(2 * (p - rank - 1) + (v - 1) * p + 1, mb * v)
 
 
-def stage_memory(plan: Plan, stage: Stage, gpu: GPU | None = None, sw: Software = HYBRIDPAR) -> StageMemory:
+def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMemory:
     m, t = plan.model, plan.tp
     n = params_per_rank(plan, stage)
     weights, grads, optimizer = model_state_bytes(n, plan.dp, plan.zero_stage, sw.fp32_grads)
