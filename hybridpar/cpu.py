@@ -1,0 +1,134 @@
+"""Every accommodation megatron-core needs to run on CPU ranks (gloo), in one place.
+
+megatron-core is written for CUDA. On a CPU-only torch build it breaks in a few known places
+(see shared/docs/stack-notes.md, "megatron-core on CPU with gloo"):
+
+1. It allocates on ``torch.cuda.current_device()`` (RoPE frequencies, TP gather buffers,
+   pipeline receive buffers) or on ``device="cuda"`` (the schedules' token counter).
+   -> ``torch.cuda.current_device`` returns 0, and a torch-function mode rewrites any CUDA
+   device argument (``"cuda"``, ``"cuda:0"``, ``0``) of a torch call to ``"cpu"``.
+2. Its model-parallel RNG tracker saves and restores the CUDA generator.
+   -> a tracker with the same seeds and names that forks the CPU generator.
+3. Pipeline p2p calls ``torch.cuda.synchronize()``. -> a no-op on CPU (and the config sets
+   ``batch_p2p_sync=False`` anyway).
+
+``apply()`` does all of it, once per process, and only when CUDA is not available: the same
+runtime code then runs unchanged on NCCL/GPU, where ``apply()`` does nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_APPLIED = False
+_MODE = None
+
+
+def on_cpu() -> bool:
+    return not torch.cuda.is_available()
+
+
+def _is_cuda_device(device) -> bool:
+    if isinstance(device, bool):
+        return False
+    if isinstance(device, int):
+        return True  # a bare ordinal means an accelerator device
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    return False
+
+
+class CudaToCpu(TorchFunctionMode):
+    """Rewrites CUDA device arguments of every torch call to the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if "device" in kwargs and _is_cuda_device(kwargs["device"]):
+            kwargs = dict(kwargs, device="cpu")
+        if getattr(func, "__name__", "") in ("cuda",):  # Tensor.cuda() -> stays on the CPU
+            return args[0]
+        if getattr(func, "__name__", "") == "to" and args and len(args) > 1 and _is_cuda_device(args[1]):
+            args = (args[0], "cpu") + tuple(args[2:])
+        return func(*args, **kwargs)
+
+
+def _cpu_rng_tracker_class():
+    from megatron.core.tensor_parallel import random as mrandom
+
+    class CpuRNGStatesTracker(mrandom.CudaRNGStatesTracker):
+        """megatron's tracker with the CPU generator in place of the CUDA one (same seed layout)."""
+
+        def add(self, name, seed):
+            self._is_initialized = True
+            if seed in self.seeds_:
+                raise Exception(f"seed {seed} already exists")
+            self.seeds_.add(seed)
+            if name in self.states_:
+                raise Exception(f"rng state {name} already exists")
+            orig = torch.get_rng_state()
+            torch.manual_seed(seed)
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(orig)
+
+        @contextlib.contextmanager
+        def fork(self, name=mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME):
+            if name not in self.states_:
+                raise Exception(f"rng state {name} is not added")
+            orig = torch.get_rng_state()
+            torch.set_rng_state(self.states_[name])
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(orig)
+
+    return CpuRNGStatesTracker
+
+
+def apply() -> bool:
+    """Install the CPU accommodations (idempotent). Returns True when they are active."""
+    global _APPLIED, _MODE
+    if not on_cpu():
+        return False
+    if _APPLIED:
+        return True
+    torch.cuda.current_device = lambda: 0
+    torch.cuda.synchronize = lambda *a, **k: None
+    from megatron.core.tensor_parallel import random as mrandom
+
+    mrandom._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
+    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    _MODE = CudaToCpu()
+    _MODE.__enter__()  # process-wide for the main thread, where the model and schedules run
+    _APPLIED = True
+    return True
+
+
+def seed_model_parallel_rng(seed: int, tp_rank: int) -> None:
+    """Megatron's seed layout for its tracker: CUDA on GPU, the CPU generator on CPU."""
+    from megatron.core import tensor_parallel
+    from megatron.core.tensor_parallel import random as mrandom
+
+    if not on_cpu():
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+        return
+    tracker = mrandom._CUDA_RNG_STATE_TRACKER
+    tracker.reset()
+    tracker.add(mrandom._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
+    tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
+    tracker.add(mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + 100 * (tp_rank + 1) + 1)
+
+
+def skip_deepspeed_shm_build() -> None:
+    """DeepSpeed's CPU backend JIT-builds a shared-memory comm op at start (~40 s, once per
+    cache). It only serves inference all-reduce, which training never calls: skip it on CPU."""
+    if not on_cpu():
+        return
+    import importlib
+
+    # (`import deepspeed.comm.torch as m` would bind deepspeed.comm's `torch` attribute: torch itself)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None

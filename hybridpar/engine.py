@@ -1,0 +1,206 @@
+"""DeepSpeed ZeRO on the DP axis: one engine per pipeline stage, AdamW, LR schedule, clipping.
+
+Each rank wraps its stage's model chunks in one DeepSpeed engine whose ``mpu`` is the mesh's
+adapter, so ZeRO partitions optimizer state (stage 1) and gradients (stage 2) over the DP
+group only, and averages gradients over the DP group only. megatron's schedule runs the
+micro-batches on the raw chunks; DeepSpeed does not manage gradient accumulation
+(``managed_gradient_accumulation: false``): ``StageEngine.step()`` is the one boundary per
+global batch, where DeepSpeed reduces over DP and applies AdamW.
+
+Every DeepSpeed default that changes the math is set explicitly (gradient_clipping,
+predivide/prescale, communication dtype, loss scaling, bf16/fp16).
+
+Gradient-norm clipping is global over all TP/PP shards and equal to one-process clipping:
+- ZeRO 1/2: DeepSpeed's own norm: squared norms of each DP partition, summed over the DP group
+  and then over the replica (``mpu.get_model_parallel_group()`` = tp x cp x pp); a parameter
+  replicated across TP counts on TP rank 0 only; the last stage's copy of a tied embedding is
+  marked ``ds_pipe_replicated`` and not counted.
+- ZeRO 0: DeepSpeed's stage-0 path cannot skip pipeline copies, so DeepSpeed's clipping is off
+  (0.0) and ``ClippedAdamW`` clips the DP-reduced gradients with the same rules (``grad_norm``).
+
+ZeRO-2 here: DeepSpeed reduces gradients in per-parameter hooks during backward, which breaks
+when an outside schedule runs several micro-batches (and DeepSpeed's own pipeline engine
+refuses ZeRO-2). hybridpar removes those hooks: gradients accumulate locally over the
+micro-batches, and at the step boundary every gradient is reduce-scattered once into its
+owner's partition (DeepSpeed's bucketed path), then the optimizer steps. Same math, one
+reduction per step; the cost is a full gradient buffer during accumulation (as ZeRO-1).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class OptimConfig:
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    warmup_steps: int = 0
+    total_steps: int = 1
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0  # 0 disables clipping
+    lr_scale_base_batch: int = 0  # >0: lr *= global_batch / base (linear scaling rule)
+
+
+def lr_at(step: int, cfg: OptimConfig, global_batch: int) -> float:
+    """LR for optimizer step ``step`` (1-based): linear warmup, then cosine decay to min_lr."""
+    scale = global_batch / cfg.lr_scale_base_batch if cfg.lr_scale_base_batch > 0 else 1.0
+    peak, floor = cfg.lr * scale, cfg.min_lr * scale
+    if cfg.warmup_steps > 0 and step <= cfg.warmup_steps:
+        return peak * step / cfg.warmup_steps
+    decay_steps = max(1, cfg.total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
+    return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def counted_in_norm(p, tp_rank: int) -> bool:
+    """Whether this rank counts ``p``'s gradient in the global norm (each element exactly once)."""
+    if getattr(p, "ds_pipe_replicated", False):
+        return False
+    return bool(getattr(p, "tensor_model_parallel", False)) or tp_rank == 0
+
+
+def grad_norm(params, mesh) -> torch.Tensor:
+    """L2 norm of the full model's gradient from this replica's shards (sum over the replica)."""
+    sq = torch.zeros((), dtype=torch.float32)
+    for p in params:
+        if p.grad is not None and counted_in_norm(p, mesh.tp_rank):
+            sq += p.grad.detach().float().pow(2).sum()
+    if mesh.size("mp") > 1:
+        dist.all_reduce(sq, group=mesh.group("mp"))
+    return sq.sqrt()
+
+
+class ClippedAdamW(torch.optim.AdamW):
+    """AdamW that first clips the (already DP-reduced) gradients by the global norm (ZeRO 0)."""
+
+    def __init__(self, params, mesh, max_norm: float, **kwargs):
+        super().__init__(params, **kwargs)
+        self._mesh, self._max_norm = mesh, max_norm
+        self._global_grad_norm = None
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        params = [p for g in self.param_groups for p in g["params"]]
+        norm = grad_norm(params, self._mesh)
+        self._global_grad_norm = norm
+        if self._max_norm > 0:
+            coef = torch.clamp(self._max_norm / (norm + 1e-6), max=1.0)
+            for p in params:
+                if p.grad is not None:
+                    p.grad.mul_(coef)
+        return super().step(closure)
+
+
+def deepspeed_config(zero_stage: int, micro_batch: int, grad_accum: int, dp: int, grad_clip: float, bf16: bool,
+                     bucket: int = 50_000_000) -> dict:
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": grad_accum,
+        "train_batch_size": micro_batch * grad_accum * dp,
+        "managed_gradient_accumulation": False,
+        "gradient_clipping": grad_clip if zero_stage > 0 else 0.0,  # explicit: DeepSpeed's default is 1.0
+        "prescale_gradients": False,
+        "gradient_predivide_factor": 1.0,
+        "communication_data_type": "fp32",
+        "fp16": {"enabled": False},
+        "bf16": {"enabled": bf16},
+        "zero_allow_untested_optimizer": True,
+        "zero_optimization": {
+            "stage": zero_stage,
+            "overlap_comm": False,
+            "contiguous_gradients": True,
+            "reduce_scatter": True,
+            "reduce_bucket_size": bucket,
+            "allgather_bucket_size": bucket,
+        },
+        "steps_per_print": 10**12,
+        "wall_clock_breakdown": False,
+    }
+
+
+def param_groups(chunks, weight_decay: float) -> list[dict]:
+    """Weight decay on matrices, none on norm weights (Llama practice)."""
+    decay, no_decay = [], []
+    for chunk in chunks:
+        for p in chunk.parameters():
+            if p.requires_grad:
+                (decay if p.dim() >= 2 else no_decay).append(p)
+    groups = [{"params": decay, "weight_decay": weight_decay}]
+    if no_decay:
+        groups.append({"params": no_decay, "weight_decay": 0.0})
+    return groups
+
+
+class StageEngine:
+    """This rank's DeepSpeed engine over its pipeline stage's chunks."""
+
+    def __init__(self, chunks: list, mesh, cfg: OptimConfig, zero_stage: int, micro_batch: int, grad_accum: int, bf16: bool):
+        import deepspeed
+
+        from . import cpu
+
+        cpu.skip_deepspeed_shm_build()
+        self.chunks, self.mesh, self.cfg, self.zero_stage = chunks, mesh, cfg, zero_stage
+        groups = param_groups(chunks, cfg.weight_decay)
+        kw = dict(lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.eps, weight_decay=cfg.weight_decay)
+        if zero_stage == 0:
+            optimizer = ClippedAdamW(groups, mesh, cfg.grad_clip, **kw)
+        else:
+            optimizer = torch.optim.AdamW(groups, **kw)
+        # Buckets no larger than the stage (DeepSpeed allocates them whole).
+        bucket = int(min(50_000_000, max(1, sum(p.numel() for c in chunks for p in c.parameters()))))
+        ds_config = deepspeed_config(zero_stage, micro_batch, grad_accum, mesh.size("dp"), cfg.grad_clip, bf16, bucket)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(
+            model=torch.nn.ModuleList(chunks),
+            optimizer=optimizer,
+            config=ds_config,
+            mpu=mesh.deepspeed_mpu(),
+            dist_init_required=False,
+        )
+        if zero_stage == 2:
+            self._defer_zero2_reduction()
+
+    def _defer_zero2_reduction(self) -> None:
+        """ZeRO-2: accumulate over micro-batches locally, reduce-scatter once at the boundary.
+
+        DeepSpeed's per-parameter reduce hooks are removed, and the hook that DeepSpeed calls at
+        the boundary of an unmanaged step (``finalize_gradient_accumulation_boundary``) is
+        replaced by one pass of DeepSpeed's own bucketed reduction over every gradient."""
+        opt = self.engine.optimizer
+        for handle in opt._grad_acc_hooks:
+            handle.remove()
+        opt._grad_acc_hooks = []
+
+        def reduce_once_at_boundary():
+            opt.set_gradient_accumulation_boundary(True)
+            opt.setup_buckets()
+            for i, group in enumerate(opt.bit16_groups):
+                for p in group:
+                    if opt.get_gradient_for_reduction(p) is not None:
+                        opt.reduce_ready_partitions_and_remove_grads(p, i)
+            opt.overlapping_partition_gradients_reduce_epilogue()  # also builds averaged_gradients
+
+        opt.finalize_gradient_accumulation_boundary = reduce_once_at_boundary
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.engine.optimizer.param_groups:
+            group["lr"] = lr
+
+    def step(self, lr: float) -> float:
+        """DP-reduce the accumulated gradients, clip, and apply AdamW. Returns the global grad norm."""
+        self.set_lr(lr)
+        self.engine.step()
+        norm = self.engine.get_global_grad_norm()
+        return float(norm) if norm is not None else float("nan")
+
+    def zero_grad(self) -> None:
+        for chunk in self.chunks:
+            for p in chunk.parameters():
+                p.grad = None

@@ -1,0 +1,193 @@
+"""The Llama-style decoder, built from megatron-core parts, and its layout-free view.
+
+``build_model(spec, mesh, ...)`` returns this rank's model chunks (one per virtual pipeline
+stage): megatron-core ``GPTModel`` with the local (non-TransformerEngine) layer spec, so TP uses
+megatron's column/row-parallel linears, vocab-parallel embedding and vocab-parallel
+cross-entropy. Llama choices: RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases, no
+dropout, untied input/output embeddings by default.
+
+Every parameter has a *canonical name* (its name in the one-process model, with global layer
+numbers) and a rule that maps the full tensor to this rank's TP shard (``shard_of_full``) and
+back (``full_from_shards``). Initialisation uses them: each full tensor is drawn from a
+generator seeded by (seed, canonical name) and sliced, so every layout starts from exactly the
+weights of the one-process model. Tests use the inverse to gather final weights.
+"""
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from topology.models import ModelSpec
+
+INIT_STD = 0.02
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    seq_len: int
+    sequence_parallel: bool = False
+    tied_embeddings: bool | None = None  # None: take the ModelSpec's setting
+    dtype: torch.dtype = torch.float32
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+
+
+def transformer_config(spec: ModelSpec, mesh, opts: ModelOptions):
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    import torch.nn.functional as F
+
+    on_gpu = torch.cuda.is_available()
+    kwargs = dict(
+        num_layers=spec.layers,
+        hidden_size=spec.hidden,
+        ffn_hidden_size=spec.ffn_hidden,
+        num_attention_heads=spec.heads,
+        num_query_groups=spec.kv_heads,
+        kv_channels=spec.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=opts.norm_eps,
+        gated_linear_unit=spec.mlp == "swiglu",
+        activation_func=F.silu if spec.mlp == "swiglu" else F.gelu,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=INIT_STD,
+        perform_initialization=True,  # also sets the TP attributes; then overwritten by canonical init
+        tensor_model_parallel_size=mesh.layout.tp,
+        pipeline_model_parallel_size=mesh.layout.pp,
+        virtual_pipeline_model_parallel_size=mesh.vpp if mesh.vpp > 1 else None,
+        context_parallel_size=mesh.layout.cp,
+        sequence_parallel=opts.sequence_parallel and mesh.layout.tp > 1,
+        params_dtype=opts.dtype,
+        pipeline_dtype=opts.dtype,
+        bf16=opts.dtype == torch.bfloat16,
+        use_cpu_initialization=not on_gpu,
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        batch_p2p_sync=on_gpu,
+        # Interleaving on 2 stages sends both directions between the same two ranks at once;
+        # batched p2p would match them by posting order and swap activations with gradients.
+        # megatron's unbatched path puts one direction on another communicator instead.
+        batch_p2p_comm=not (mesh.layout.pp == 2 and mesh.vpp > 1),
+        deallocate_pipeline_outputs=False,
+    )
+    return TransformerConfig(**kwargs)
+
+
+def build_model(spec: ModelSpec, mesh, opts: ModelOptions, seed: int = 0) -> list:
+    """This rank's model chunks (one per virtual stage), initialised by canonical name."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    from . import cpu
+
+    cpu.apply()
+    cpu.seed_model_parallel_rng(seed, mesh.tp_rank)
+    config = transformer_config(spec, mesh, opts)
+    layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    tied = spec.tied_embeddings if opts.tied_embeddings is None else opts.tied_embeddings
+    chunks = []
+    for vp in range(mesh.vpp):
+        vp_stage = vp if mesh.vpp > 1 else None
+        kwargs = dict(
+            config=config,
+            transformer_layer_spec=layer_spec,
+            vocab_size=spec.vocab,
+            max_sequence_length=opts.seq_len,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            share_embeddings_and_output_weights=tied,
+            position_embedding_type="rope",
+            rotary_base=int(opts.rope_base),
+        )
+        if vp_stage is not None:
+            kwargs["vp_stage"] = vp_stage
+        chunks.append(GPTModel(**kwargs))
+    init_weights(chunks, spec, mesh, seed)
+    for chunk in chunks:
+        for p in chunk.parameters():
+            # DeepSpeed counts a parameter once in the gradient norm unless marked replicated:
+            # the last stage's copy of a tied embedding is such a copy.
+            if getattr(p, "shared_embedding", False) and not mesh.is_first_stage:
+                p.ds_pipe_replicated = True
+    return chunks
+
+
+# --- canonical names and TP shards ---------------------------------------------------------
+def canonical_params(chunks, tied: bool | None = None):
+    """Yield (canonical name, parameter) for this rank's parameters."""
+    for chunk in chunks:
+        layer_number = {}
+        if hasattr(chunk, "decoder"):
+            for i, layer in enumerate(chunk.decoder.layers):
+                layer_number[i] = layer.layer_number - 1  # megatron numbers layers from 1
+        for name, p in chunk.named_parameters():
+            parts = name.split(".")
+            if parts[:2] == ["decoder", "layers"]:
+                parts[2] = str(layer_number[int(parts[2])])
+            cname = ".".join(parts)
+            if cname == "output_layer.weight" and chunk.share_embeddings_and_output_weights:
+                cname = "embedding.word_embeddings.weight"  # the last stage's copy of the tied weight
+            yield cname, p
+
+
+def shard_of_full(cname: str, p, full: torch.Tensor, tp_rank: int, tp: int) -> torch.Tensor:
+    if tp == 1 or not getattr(p, "tensor_model_parallel", False):
+        return full
+    dim = p.partition_dim
+    if getattr(p, "_hybridpar_gated", False):
+        gate, up = full.chunk(2, dim=0)
+        return torch.cat([gate.chunk(tp, dim=0)[tp_rank], up.chunk(tp, dim=0)[tp_rank]], dim=0)
+    return full.chunk(tp, dim=dim)[tp_rank]
+
+
+def full_from_shards(cname: str, p, shards: list[torch.Tensor]) -> torch.Tensor:
+    tp = len(shards)
+    if tp == 1 or not getattr(p, "tensor_model_parallel", False):
+        return shards[0]
+    if getattr(p, "_hybridpar_gated", False):  # SwiGLU fc1: each shard is [gate part; up part]
+        gates, ups = zip(*(s.chunk(2, dim=0) for s in shards))
+        return torch.cat(list(gates) + list(ups), dim=0)
+    return torch.cat(shards, dim=p.partition_dim)
+
+
+def _full_shape(cname: str, p, tp: int) -> list[int]:
+    shape = list(p.shape)
+    if tp > 1 and getattr(p, "tensor_model_parallel", False):
+        shape[p.partition_dim] *= tp
+    return shape
+
+
+def _init_full(cname: str, shape, spec: ModelSpec, seed: int) -> torch.Tensor:
+    if cname.endswith("layernorm.weight") or cname.endswith("layer_norm_weight") or len(shape) == 1:
+        return torch.ones(shape)
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(cname.encode())) % (2**63))
+    std = INIT_STD
+    if cname.endswith("linear_proj.weight") or cname.endswith("linear_fc2.weight"):
+        std = INIT_STD / math.sqrt(2.0 * spec.layers)  # megatron's scaled init for output projections
+    return torch.randn(shape, generator=gen) * std
+
+
+@torch.no_grad()
+def init_weights(chunks, spec: ModelSpec, mesh, seed: int) -> None:
+    tp, tp_rank = mesh.layout.tp, mesh.tp_rank
+    for chunk in chunks:
+        if spec.mlp == "swiglu" and hasattr(chunk, "decoder"):
+            for layer in chunk.decoder.layers:
+                layer.mlp.linear_fc1.weight._hybridpar_gated = True
+    for cname, p in canonical_params(chunks):
+        full = _init_full(cname, _full_shape(cname, p, tp), spec, seed)
+        p.copy_(shard_of_full(cname, p, full, tp_rank, tp).to(p.dtype))
+
+
+def num_params(chunks) -> int:
+    return sum(p.numel() for c in chunks for p in c.parameters())

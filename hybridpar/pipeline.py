@@ -1,0 +1,93 @@
+"""One training step's forward and backward passes through megatron-core's pipeline schedules.
+
+- PP = 1: ``forward_backward_no_pipelining`` (gradient accumulation over the micro-batches);
+- PP > 1: 1F1B (``forward_backward_pipelining_without_interleaving``);
+- PP > 1 with virtual stages: the interleaved 1F1B schedule.
+
+megatron picks the schedule from its parallel state (set by the mesh). The raw model chunks
+go to the schedule (not a DeepSpeed engine: megatron reads ``model.config``). Each micro-batch
+loss is the mean over its tokens, and the schedule divides it by the number of micro-batches,
+so the accumulated gradient is that of the mean loss over the replica's rows. DP averaging is
+DeepSpeed's job (engine.py). What megatron's ``finalize_model_grads`` would do besides DP
+reduction is done here, on the mesh's groups: the tied-embedding gradient sum over the
+embedding group, and the TP sum of sequence-parallel norm-weight gradients.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import torch.distributed as dist
+
+
+def _loss_func(output_tensor: torch.Tensor):
+    loss = output_tensor.float().mean()
+    return loss, {"lm loss": loss.detach().clone()}  # the schedule divides `loss` in place
+
+
+def _forward_step(data_iterator, model):
+    batch = next(data_iterator)
+    tokens, labels = batch[:, :-1], batch[:, 1:]
+    position_ids = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+    output = model(tokens, position_ids, None, labels=labels)
+    return output, _loss_func
+
+
+def micro_batches(rows: torch.Tensor, micro_batch: int) -> list[torch.Tensor]:
+    """Split a replica's rows [n, seq+1] into micro-batches, in order."""
+    if rows.shape[0] % micro_batch:
+        raise ValueError(f"{rows.shape[0]} rows not divisible by micro-batch {micro_batch}")
+    return list(rows.split(micro_batch))
+
+
+def forward_backward(chunks: list, mesh, batches: list[torch.Tensor], seq_len: int, forward_only: bool = False):
+    """Run one step's micro-batches through this rank's chunks.
+
+    Returns the replica's mean loss on the last pipeline stage (a float tensor), else None.
+    Gradients are left accumulated in ``p.grad`` (main_grad is not used).
+    """
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    fb = get_forward_backward_func()
+    n = len(batches)
+    iterators = [iter(list(batches)) for _ in chunks]
+    store = fb(
+        forward_step_func=_forward_step,
+        data_iterator=iterators if len(chunks) > 1 else iterators[0],
+        model=chunks if len(chunks) > 1 else chunks[0],
+        num_microbatches=n,
+        seq_length=seq_len,
+        micro_batch_size=batches[0].shape[0],
+        forward_only=forward_only,
+    )
+    if not mesh.is_last_stage:
+        return None
+    losses = [d["lm loss"] for d in store]
+    return torch.stack(losses).mean() if losses else None
+
+
+def finalize_model_parallel_grads(chunks: list, mesh, tied: bool, sequence_parallel: bool) -> None:
+    """Gradient sums that model parallelism needs before DP reduction (not DP itself)."""
+    if sequence_parallel and mesh.size("tp") > 1:
+        grads = [p.grad for c in chunks for p in c.parameters() if getattr(p, "sequence_parallel", False) and p.grad is not None]
+        _all_reduce_flat(grads, mesh.group("tp"))
+    if tied and mesh.layout.pp > 1 and (mesh.is_first_stage or mesh.is_last_stage):
+        weight = None
+        if mesh.is_first_stage:
+            weight = chunks[0].shared_embedding_or_output_weight()
+        else:
+            weight = chunks[-1].shared_embedding_or_output_weight()
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        dist.all_reduce(weight.grad, group=mesh.group("embedding"))
+
+
+def _all_reduce_flat(grads: list[torch.Tensor], group) -> None:
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat, group=group)
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()

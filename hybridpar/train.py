@@ -1,0 +1,176 @@
+"""The training loop: wires mesh, model, schedule and engine, and nothing else.
+
+``Job`` holds one layout's running state (mesh, model chunks, DeepSpeed engine, data source);
+``Job.train_step(step)`` is one optimizer step over one global batch and returns its metrics.
+``train(recipe, out_dir)`` is the whole run used by ``hybridpar train``: it builds a Job,
+loops over the steps, prints one line per step on rank 0 and appends metrics.jsonl.
+
+Extension points (issue 4):
+- data: ``recipe.data.build(...)`` returns any object with the ``hybridpar.data`` batch
+  contract (``global_batch(step)`` -> LongTensor [global_batch, seq_len + 1]);
+- hooks: ``train(..., hooks=[...])`` calls ``hook.on_start(job, first_step)`` once (a checkpoint
+  loader returns the step to resume from), and ``hook.on_step(job, metrics)`` after every step
+  (checkpoint saving, replica hashing, extra metrics).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from topology.plan import Plan
+
+from .engine import OptimConfig, StageEngine, lr_at
+from .mesh import Mesh
+from .model import ModelOptions, build_model, canonical_params, full_from_shards
+from .pipeline import finalize_model_parallel_grads, forward_backward, micro_batches
+
+
+@dataclass
+class StepMetrics:
+    step: int
+    loss: float
+    grad_norm: float
+    lr: float
+    step_time_s: float
+    tokens_per_s: float
+
+
+def resolve_dtype(precision: str) -> torch.dtype:
+    if precision == "auto":
+        return torch.bfloat16 if torch.cuda.is_available() else torch.float32
+    return {"fp32": torch.float32, "bf16": torch.bfloat16}[precision]
+
+
+class Job:
+    """One layout's model, engine and data on this rank. Requires torch.distributed to be up."""
+
+    def __init__(self, plan: Plan, optim: OptimConfig, source, seed: int = 0, tied: bool | None = None):
+        self.plan, self.optim, self.source, self.seed = plan, optim, source, seed
+        self.mesh = Mesh.build(plan.layout, vpp=plan.vpp)
+        self.dtype = resolve_dtype(plan.precision)
+        self.tied = plan.model.tied_embeddings if tied is None else tied
+        self.sequence_parallel = plan.sequence_parallel and plan.tp > 1
+        opts = ModelOptions(seq_len=plan.seq_len, sequence_parallel=self.sequence_parallel, tied_embeddings=self.tied, dtype=self.dtype)
+        torch.manual_seed(seed)
+        self.chunks = build_model(plan.model, self.mesh, opts, seed=seed)
+        self.engine = StageEngine(
+            self.chunks, self.mesh, optim, plan.zero_stage, plan.micro_batch, plan.grad_accum,
+            bf16=self.dtype == torch.bfloat16,
+        )
+
+    # --- one step ---------------------------------------------------------------------
+    def replica_batches(self, step: int) -> list[torch.Tensor]:
+        rows = self.source.global_batch(step)
+        per = rows.shape[0] // self.plan.dp
+        mine = rows[self.mesh.dp_rank * per : (self.mesh.dp_rank + 1) * per]
+        return micro_batches(mine, self.plan.micro_batch)
+
+    def train_step(self, step: int) -> StepMetrics:
+        start = time.perf_counter()
+        lr = lr_at(step, self.optim, self.plan.global_batch)
+        loss = forward_backward(self.chunks, self.mesh, self.replica_batches(step), self.plan.seq_len)
+        finalize_model_parallel_grads(self.chunks, self.mesh, self.tied, self.sequence_parallel)
+        norm = self.engine.step(lr)
+        self.engine.zero_grad()
+        mean_loss = self._global_loss(loss)
+        elapsed = time.perf_counter() - start
+        tokens = self.plan.global_batch * self.plan.seq_len
+        return StepMetrics(step, mean_loss, norm, lr, elapsed, tokens / elapsed if elapsed > 0 else 0.0)
+
+    def _global_loss(self, replica_loss) -> float:
+        """Mean loss over the global batch, on every rank: one scalar all-reduce over the world.
+
+        Only the last stage of each replica holds its loss; every TP (x CP) rank there holds
+        the same value, so the world sum counts each replica tp x cp times."""
+        value = torch.zeros(1, dtype=torch.float64)
+        if replica_loss is not None:
+            value += float(replica_loss)
+        if dist.get_world_size() > 1:
+            dist.all_reduce(value)
+        return float(value) / (self.plan.dp * self.plan.tp * self.plan.cp)
+
+    # --- inspection -------------------------------------------------------------------
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every parameter as its full one-process tensor, on every rank (tests, small models)."""
+        mesh, local = self.mesh, {}
+        for cname, p in canonical_params(self.chunks):
+            shard = p.detach().float().contiguous()
+            if mesh.size("tp") > 1 and getattr(p, "tensor_model_parallel", False):
+                shards = [torch.empty_like(shard) for _ in range(mesh.size("tp"))]
+                dist.all_gather(shards, shard, group=mesh.group("tp"))
+            else:
+                shards = [shard]
+            if mesh.tp_rank == 0 and mesh.dp_rank == 0:
+                local[cname] = full_from_shards(cname, p, shards)
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, local)
+        merged = {}
+        for part in gathered:
+            merged.update(part)
+        return merged
+
+    def close(self) -> None:
+        self.engine = None
+        self.chunks = None
+        self.mesh.destroy()
+
+
+# --- the run ------------------------------------------------------------------------------
+def _append_line(path: str, record: dict) -> None:
+    """Append one whole JSON line with a single write (readers never see half a line)."""
+    data = (json.dumps(record, sort_keys=True) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: str, text: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def format_step(m: StepMetrics, total: int) -> str:
+    return (
+        f"step {m.step}/{total} | loss {m.loss:.6f} | grad norm {m.grad_norm:.4f} | lr {m.lr:.3e} | "
+        f"{m.step_time_s:.3f} s | {m.tokens_per_s:,.0f} tokens/s"
+    )
+
+
+def train(recipe, out_dir: str | None, hooks=(), print_fn=print) -> list[StepMetrics]:
+    """Train ``recipe`` (a hybridpar.recipe.Recipe) on the already-initialised process group."""
+    plan = recipe.to_plan()
+    source = recipe.data.build(seq_len=plan.seq_len, global_batch=plan.global_batch, vocab=plan.model.vocab, seed=recipe.train.seed)
+    job = Job(plan, recipe.optim_config(), source, seed=recipe.train.seed)
+    rank0 = dist.get_rank() == 0
+    first = 1
+    for hook in hooks:
+        first = max(first, int(getattr(hook, "on_start", lambda j, s: s)(job, first) or first))
+    metrics_path = None
+    if out_dir and rank0:
+        os.makedirs(out_dir, exist_ok=True)
+        write_atomic(os.path.join(out_dir, "plan.json"), plan.to_json() + "\n")
+        metrics_path = os.path.join(out_dir, "metrics.jsonl")
+    history = []
+    for step in range(first, recipe.train.steps + 1):
+        m = job.train_step(step)
+        history.append(m)
+        if rank0:
+            print_fn(format_step(m, recipe.train.steps))
+            if metrics_path:
+                _append_line(metrics_path, asdict(m))
+        for hook in hooks:
+            if hasattr(hook, "on_step"):
+                hook.on_step(job, m)
+    job.close()
+    return history
