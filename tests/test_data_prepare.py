@@ -5,7 +5,7 @@ import os
 import numpy
 import pytest
 
-from hybridpar.data import ByteTokenizer, VocabMismatchError, check_vocab, load_tokenizer, prepare
+from hybridpar.data import ByteTokenizer, IndexedTokens, VocabMismatchError, check_vocab, load_tokenizer, prepare
 from hybridpar.data._megatron import import_megatron
 from hybridpar.data.embedded import corpus_files
 from hybridpar.data.prepare import read_meta
@@ -57,6 +57,10 @@ def test_tokenizer_json_without_known_end_token_needs_eod_token(tmp_path):
         load_tokenizer(str(tmp_path / "tokenizer.json"))
     tok = load_tokenizer(str(tmp_path / "tokenizer.json"), eod_token="<|doc|>")
     assert tok.eod == tok._tok.token_to_id("<|doc|>")
+    (tmp_path / "doc.txt").write_text(DOCS[0])
+    prepare([str(tmp_path / "doc.txt")], str(tmp_path / "ds"), tok, progress=False)
+    source = IndexedTokens(str(tmp_path / "ds"), 4, 2)  # the tokenizer comes back from ds.meta.json
+    assert (source.tokenizer.eod, source.vocab_size) == (tok.eod, tok.vocab_size)
 
 
 def test_unknown_tokenizer_and_vocab_mismatch_are_usage_errors():

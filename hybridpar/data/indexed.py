@@ -63,7 +63,7 @@ class IndexedTokens:
                 f"{prefix} has no .meta.json (prepared elsewhere): name the tokenizer it was prepared with"
             )
         if tokenizer is None:
-            tokenizer = load_tokenizer(meta.tokenizer)
+            tokenizer = load_tokenizer(meta.tokenizer, eod_id=meta.eod)
         if model_vocab is not None:
             check_vocab(tokenizer.vocab_size, model_vocab, tokenizer.name)
         self.tokenizer = tokenizer

@@ -56,7 +56,7 @@ class ByteTokenizer:
 class HFTokenizer:
     """A ``tokenizer.json`` loaded with the ``tokenizers`` library (e.g. Llama 3's)."""
 
-    def __init__(self, path: str, eod_token: str | None = None):
+    def __init__(self, path: str, eod_token: str | None = None, eod_id: int | None = None):
         try:
             from tokenizers import Tokenizer as _HF
         except ImportError as err:  # pragma: no cover - requirements.txt pins it
@@ -67,7 +67,7 @@ class HFTokenizer:
         except Exception as err:
             raise UsageError(f"cannot load tokenizer {path}: {err}; give a HuggingFace tokenizer.json") from None
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self.eod = self._find_eod(eod_token)
+        self.eod = eod_id if eod_id is not None else self._find_eod(eod_token)
 
     def _find_eod(self, eod_token: str | None) -> int:
         candidates = (eod_token,) if eod_token else EOD_CANDIDATES
@@ -87,14 +87,17 @@ class HFTokenizer:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
 
 
-def load_tokenizer(spec: str, eod_token: str | None = None) -> Tokenizer:
-    """``"byte"``, a path to a ``tokenizer.json``, or a directory holding one."""
+def load_tokenizer(spec: str, eod_token: str | None = None, eod_id: int | None = None) -> Tokenizer:
+    """``"byte"``, a path to a ``tokenizer.json``, or a directory holding one.
+
+    ``eod_id`` (as recorded in a prepared dataset's .meta.json) overrides the search by name.
+    """
     if spec == BYTE:
         return ByteTokenizer()
     path = os.path.join(spec, "tokenizer.json") if os.path.isdir(spec) else spec
     if not os.path.isfile(path):
         raise UsageError(f"unknown tokenizer '{spec}': use 'byte' or the path of a tokenizer.json")
-    return HFTokenizer(path, eod_token)
+    return HFTokenizer(path, eod_token, eod_id)
 
 
 def check_vocab(tokenizer_vocab: int, model_vocab: int, tokenizer_name: str = "the tokenizer") -> None:
