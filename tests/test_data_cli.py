@@ -31,6 +31,12 @@ def test_prepare_embedded_corpus(tmp_path):
     result = hybridpar("data", "prepare", "--embedded", "--out", str(tmp_path / "emb"), "--quiet")
     assert result.returncode == 0, result.stderr
     assert "3 documents, 375814 tokens" in result.stdout
+    result = hybridpar("data", "info", str(tmp_path / "emb"))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        f"{tmp_path / 'emb'}: 375814 tokens, 3 documents, tokenizer byte (vocab 257)",
+        "unigram entropy 4.7757 bits = 3.3103 nats per token",
+    ]
 
 
 def bad_cases(tmp_path):

@@ -25,9 +25,32 @@ def add_arguments(p):
     prep.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json")
     prep.add_argument("--json-key", default="text", help="key holding the text in JSON lines (default: text)")
     prep.add_argument("--quiet", action="store_true", help="no progress bar")
+    info = sub.add_parser("info", help="documents, tokens and unigram entropy of a prepared PREFIX")
+    info.add_argument("prefix", metavar="PREFIX", help="path prefix of PREFIX.bin/.idx")
 
 
 def run(args) -> int:
+    return info(args) if args.data_command == "info" else prepare_data(args)
+
+
+def info(args) -> int:
+    import os
+
+    from ..data.prepare import read_meta
+    from ..data.stats import bits_to_nats, entropy_bits, token_counts
+
+    if not (os.path.isfile(args.prefix + ".bin") and os.path.isfile(args.prefix + ".idx")):
+        raise UsageError(f"no {args.prefix}.bin/.idx: give the --out PREFIX of `hybridpar data prepare`")
+    meta = read_meta(args.prefix)
+    counts = token_counts(args.prefix)
+    bits = entropy_bits(counts)
+    print(f"{args.prefix}: {int(counts.sum())} tokens", end="")
+    print(f", {meta.documents} documents, tokenizer {meta.tokenizer} (vocab {meta.vocab_size})" if meta else "")
+    print(f"unigram entropy {bits:.4f} bits = {bits_to_nats(bits):.4f} nats per token")
+    return 0
+
+
+def prepare_data(args) -> int:
     from ..data.prepare import prepare
     from ..data.tokenizers import load_tokenizer
 

@@ -25,7 +25,10 @@ def token_counts(prefix: str) -> numpy.ndarray:
 
 def unigram_entropy_bits(prefix: str) -> float:
     """Entropy of the token frequencies, in bits per token (multiply by ln 2 for nats, the loss unit)."""
-    counts = token_counts(prefix)
+    return entropy_bits(token_counts(prefix))
+
+
+def entropy_bits(counts: numpy.ndarray) -> float:
     p = counts[counts > 0] / counts.sum()
     return float(-(p * numpy.log2(p)).sum())
 
