@@ -1,0 +1,97 @@
+"""`hybridpar train`: train a recipe with DP outermost, TP x PP per replica, ZeRO on DP."""
+from __future__ import annotations
+
+import os
+
+from ..errors import UsageError
+
+HELP = "train a recipe: --nproc N starts N local ranks; under torchrun it runs as one rank"
+
+OVERRIDES = ("tp", "pp", "dp", "vpp", "zero", "micro_batch", "global_batch", "steps", "seed")
+
+
+def add_arguments(p):
+    p.add_argument("--recipe", required=True, help="recipe YAML file (format: README, 'Training')")
+    p.add_argument("--nproc", type=int, help="start this many local ranks (torch's elastic launcher)")
+    p.add_argument("--tp", type=int, help="tensor-parallel size (overrides the recipe)")
+    p.add_argument("--pp", type=int, help="pipeline-parallel size")
+    p.add_argument("--dp", type=int, help="data-parallel size; derived as world / (tp x cp x pp) when left out")
+    p.add_argument("--vpp", type=int, help="virtual pipeline stages per rank (interleaved 1F1B)")
+    p.add_argument("--zero", type=int, help="ZeRO stage on the DP axis: 0, 1 or 2")
+    p.add_argument("--micro-batch", type=int, help="sequences per micro-batch")
+    p.add_argument("--global-batch", type=int, help="sequences per optimizer step, over all replicas")
+    p.add_argument("--steps", type=int, help="total optimizer steps of the run")
+    p.add_argument("--seed", type=int, help="seed for weights and data")
+    p.add_argument("--out", help="run directory for metrics.jsonl and plan.json (default runs/<recipe name>)")
+
+
+def _world(args) -> int:
+    from ..launch import launcher_world_size, under_launcher
+
+    if under_launcher():
+        return launcher_world_size()
+    if args.nproc is not None:
+        if args.nproc < 1:
+            raise UsageError(f"--nproc must be a positive integer, got {args.nproc}")
+        return args.nproc
+    return 1
+
+
+def prepare(args):
+    """Recipe + flags, validated against the world size: everything checked before any rank starts."""
+    from ..recipe import load_recipe, with_overrides
+
+    recipe = load_recipe(args.recipe)
+    flags = {k: getattr(args, k) for k in OVERRIDES}
+    for key, value in flags.items():
+        if value is not None and (value < 0 or (value == 0 and key not in ("zero", "seed"))):
+            raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
+    recipe = with_overrides(recipe, **flags)
+    return recipe.validate(_world(args))
+
+
+def _quiet_libraries() -> None:
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+
+
+def run(args) -> int:
+    from ..launch import launch_local, under_launcher
+
+    recipe = prepare(args)
+    out = args.out or os.path.join("runs", recipe.name)
+    if args.nproc is not None and args.nproc > 1 and not under_launcher():
+        return launch_local(args.nproc, ["train", *_argv_of(args, out)])
+    _quiet_libraries()
+    from ..launch import init_distributed, shutdown
+    from ..train import train
+
+    init_distributed()
+    try:
+        import torch.distributed as dist
+
+        if dist.get_rank() == 0:
+            plan = recipe.to_plan()
+            print(
+                f"hybridpar train: {recipe.name}: world {plan.world_size} = tp {plan.tp} x cp {plan.cp} x pp {plan.pp}"
+                f" x dp {plan.dp} (order {plan.order}), vpp {plan.vpp}, ZeRO-{plan.zero_stage}, micro-batch"
+                f" {plan.micro_batch} x {plan.grad_accum} per replica, {plan.precision}; writing {out}",
+                flush=True,
+            )
+        train(recipe, out, print_fn=lambda line: print(line, flush=True))
+    finally:
+        shutdown()
+    return 0
+
+
+def _argv_of(args, out: str) -> list[str]:
+    """The ranks' command line: the same recipe and flags, without --nproc."""
+    argv = ["--recipe", args.recipe]
+    for key in OVERRIDES:
+        value = getattr(args, key)
+        if value is not None:
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+    return argv + ["--out", out]

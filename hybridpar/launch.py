@@ -1,0 +1,83 @@
+"""Starting ranks: locally with torch's elastic launcher, or as one rank under a launcher.
+
+- ``under_launcher()``: RANK and WORLD_SIZE are set (torchrun, SLURM wrappers, ...): this
+  process is one rank of a job someone else started.
+- ``launch_local(nproc, argv)``: start ``nproc`` ranks on this machine with torch's elastic
+  agent (what ``torchrun --standalone --nproc-per-node N`` does), each running
+  ``python -m hybridpar <argv>``; returns the job's exit code.
+- ``init_distributed()``: the world process group (NCCL on GPU, gloo on CPU); a world of one
+  without a launcher gets a private local rendezvous.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import uuid
+from datetime import timedelta
+
+
+def under_launcher() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def launcher_world_size() -> int | None:
+    return int(os.environ["WORLD_SIZE"]) if under_launcher() else None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(timeout_s: int = 600) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return
+    if not under_launcher():
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+
+
+def shutdown() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def launch_local(nproc: int, argv: list[str]) -> int:
+    """Run ``python -m hybridpar <argv>`` on ``nproc`` local ranks; 0 when every rank succeeded."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        run_id=str(uuid.uuid4()),
+        max_restarts=0,
+        monitor_interval=0.5,
+    )
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        elastic_launch(config, sys.executable)("-m", "hybridpar", *argv)
+    except ChildFailedError as err:
+        failures = sorted(err.failures.items())
+        first_rank, first = failures[0]
+        print(
+            f"hybridpar: rank {first_rank} failed with exit code {first.exitcode}"
+            f" ({len(failures)} of {nproc} ranks failed); see its output above",
+            file=sys.stderr,
+        )
+        return first.exitcode if isinstance(first.exitcode, int) and first.exitcode > 0 else 1
+    return 0
