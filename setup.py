@@ -16,6 +16,7 @@ setup(
         "PyYAML>=6.0",
         "tqdm>=4.60",
         "matplotlib>=3.8",
+        "tokenizers>=0.20",
     ],
     entry_points={"console_scripts": ["hybridpar=hybridpar.cli:main"]},
 )
