@@ -8,12 +8,14 @@ from topology.cases import CASES_PATH, load_cases, predict_case
 CASES = load_cases() if CASES_PATH.is_file() else []
 
 KNOWN_MISSES = {
-    "llama3-405b-t4-1": "predicted low: the memory model finds only non-interleaved 1F1B fits at DP=64, "
-                        "so its bubble (15/32) dominates; Llama 3 fit an interleaved schedule",
-    "llama3-405b-t4-3": "predicted high: 128K-token CP=16 attention; the model has no term for the "
-                        "load imbalance and exposed latency of Llama 3's all-gather CP",
+    "llama3-405b-t4-1": "predicted low: by the tensor-by-tensor activation count (12h + 4kv + 6F bytes per "
+                        "token per layer) no interleaved schedule fits at DP=64 (141 layer-micro-batches in "
+                        "flight on rank 1 at VPP=8), so 1F1B's 15/32 bubble dominates; Meta ran interleaved",
+    "llama3-405b-t4-3": "predicted high: at 128K, 57% of Megatron-convention FLOPs are attention; no term "
+                        "found for the gap (CP K/V all-gather is 4% of the step under GQA)",
     "narayanan21-t1-76.1B": "predicted high by 19%: no physical term found for the gap",
-    "bloom-176b-production": "predicted high by 25%: DeepSpeed pipeline engine overheads are not modelled",
+    "bloom-176b-production": "predicted high by 16% after DeepSpeed's blocking p2p, fp32 all-reduce and "
+                             "tied-embedding sync: remaining DeepSpeed pipeline-engine overheads not modelled",
 }
 
 

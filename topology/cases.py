@@ -14,7 +14,7 @@ from .hardware import GPU, get_gpu
 from .models import ModelSpec
 from .plan import Plan
 from .search import Evaluated, evaluate
-from .software import HYBRIDPAR, MEGATRON_2021, Software
+from .software import DEEPSPEED_BF16_PIPE, HYBRIDPAR, MEGATRON_2021, Software
 
 CASES_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "cases" / "public_cases.json"
 
@@ -31,14 +31,16 @@ def case_software(case: dict) -> tuple[Software, GPU]:
         return replace(HYBRIDPAR, fp32_grads=True, attention_fraction=0.35), gpu
     if case["id"].startswith("bloom"):
         # Jean Zay: 4 Omni-Path 100 Gb/s links per 8-GPU node = 6.25 GB/s per GPU (BLOOM README).
-        return MEGATRON_2021, replace(gpu, network_gbps=4 * 100 / 8 / 8)
+        return DEEPSPEED_BF16_PIPE, replace(gpu, network_gbps=4 * 100 / 8 / 8)
     return MEGATRON_2021, gpu
 
 
 def case_plans(case: dict) -> list[Plan]:
-    m = ModelSpec(case["layers"], case["hidden"], case["ffn_hidden"], case["heads"], case["kv_heads"],
-                  case["vocab"], case["mlp"], case["id"])
     modern = case["id"].startswith("llama3")
+    # GPT in Megatron-LM 2021 and BLOOM share the input embedding with the output layer
+    # (Megatron's embedding group; BLOOM's TiedLayerSpec); Llama 3 does not.
+    m = ModelSpec(case["layers"], case["hidden"], case["ffn_hidden"], case["heads"], case["kv_heads"],
+                  case["vocab"], case["mlp"], case["id"], tied_embeddings=not modern)
     out = []
     for mb in [case["micro_batch"]] if case["micro_batch"] else [1, 2]:
         for v in [case["vpp"]] if case["vpp"] else [1, 2, 4, 8]:

@@ -203,9 +203,22 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
         # reduce-scattered during its backward (DeepSpeed ZeRO-2, FSDP SHARD_GRAD_OP).
         rs = max(0.0, grad - bwd_mb) if sw.overlap_dp else grad
         return plan.grad_accum * rs + (max(0.0, gather - fwd_mb) if sw.overlap_dp else gather)
+    if sw.full_grad_allreduce:  # all-reduce = reduce-scatter + all-gather of the same buffer
+        grad *= 2
     if not sw.overlap_dp:
         return grad + gather
     return max(0.0, grad - bwd_mb) + max(0.0, gather - fwd_mb)
+
+
+def _tied_embedding_sync(plan: Plan, gpu: GPU, sw: Software) -> float:
+    """Tied input/output embeddings with pp > 1: the first and last stage each hold a copy and
+    all-reduce its gradient once per step after the flush (Megatron's embedding group, DeepSpeed's
+    tied-module all-reduce); a 2-rank ring moves the whole gradient once."""
+    if not plan.model.tied_embeddings or plan.pp == 1:
+        return 0.0
+    crosses = plan.tp * plan.cp * plan.pp > plan.gpus_per_node
+    bw = gpu.network_gbps if crosses else gpu.nvlink_gbps
+    return link_time(plan.model.embedding_params / plan.tp * (4 if sw.fp32_grads else 2), bw)
 
 
 def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> StepCost:
@@ -229,7 +242,8 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
     if plan.pp > 1 and not (sw.overlap_p2p and plan.vpp > 1):
         crosses = plan.tp * plan.cp * plan.pp > plan.gpus_per_node
         bw = gpu.network_gbps if crosses else gpu.nvlink_gbps
-        pp_mb = 2 * plan.vpp * link_time(tokens * m.hidden * 2 / plan.tp, bw)
+        transfers = 4 if sw.blocking_p2p else 2  # paired send+receive, or one at a time
+        pp_mb = transfers * plan.vpp * link_time(tokens * m.hidden * 2 / plan.tp, bw)
     n_params = max(params_per_rank(plan, s) for s in stages(plan))
     if not sw.fused_grad_accum:  # add the 16-bit weight gradient into the fp32 main grad
         bwd_mb += hbm_time(10 * n_params, gpu)
@@ -238,16 +252,17 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
     bubble = (plan.pp - 1) / plan.vpp * mb_total
 
     dp = _dp_time(plan, gpu, sw, n_params, fwd_mb, bwd_mb)
+    tied = _tied_embedding_sync(plan, gpu, sw)
     shard = n_params / (plan.dp if plan.zero_stage >= 1 else 1)
     optimizer = hbm_time(OPTIMIZER_BYTES_PER_PARAM * shard, gpu)
 
-    step = n_mb * mb_total + bubble + dp + optimizer
+    step = n_mb * mb_total + bubble + dp + tied + optimizer
     flops = plan.global_batch * model_flops_per_seq(m, plan.seq_len)
     world = plan.world_size
     tflops = flops / step / world / 1e12
     return StepCost(
         step_time_s=step, compute_s=n_mb * (fwd_mb + bwd_mb), bubble_s=bubble,
-        tp_s=n_mb * tp_mb, cp_s=n_mb * cp_mb, pp_s=n_mb * pp_mb, dp_s=dp, optimizer_s=optimizer,
+        tp_s=n_mb * tp_mb, cp_s=n_mb * cp_mb, pp_s=n_mb * pp_mb + tied, dp_s=dp, optimizer_s=optimizer,
         model_flops=flops, tokens_per_s=plan.tokens_per_step / step, tflops_per_gpu=tflops,
         mfu=tflops / gpu.peak_tflops(plan.precision),
     )

@@ -7,7 +7,7 @@ software is described here from the code they ran, never tuned to their throughp
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,16 @@ class Software:
     # (megatron-core gradient_accumulation_fusion). False: a separate memory-bound add per
     # micro-batch reads the 16-bit gradient and reads and writes the fp32 buffer (10 B/param).
     fused_grad_accum: bool = True
+    # Each pipeline send and receive is its own blocking call, so the four transfers a stage
+    # makes per micro-batch (receive activation, send activation, receive gradient, send
+    # gradient) run one after another instead of as two paired send+receive exchanges
+    # (DeepSpeed PipelineEngine: runtime/pipe/p2p.py send/recv assert async_op == False).
+    blocking_p2p: bool = False
+    # Gradients are all-reduced in full over DP (in fp32 when fp32_grads) although the optimizer
+    # is sharded; the updated 16-bit weights are then all-gathered. DeepSpeed's BF16_Optimizer
+    # with pipeline parallelism: runtime/pipe/engine.py _bf16_reduce_grads ->
+    # buffered_allreduce_fallback over the fp32 _hp_grad buffers. False: a reduce-scatter.
+    full_grad_allreduce: bool = False
     # Attention kernel efficiency (fraction of dense peak, fwd+bwd); None: the GPU's default
     # (hardware.GPU.attention_fraction, a current FlashAttention-class kernel).
     attention_fraction: float | None = None
@@ -43,3 +53,7 @@ HYBRIDPAR = Software()
 # Gradient accumulation fusion came later (2022), so main grads are added by a separate kernel.
 MEGATRON_2021 = Software(flash_attention=False, dropout=True, overlap_dp=False, overlap_p2p=False,
                          fused_grad_accum=False)
+# BLOOM's Megatron-DeepSpeed (bigscience tr11-176B-ml): the 2021 Megatron layers driven by
+# DeepSpeed's PipelineEngine and BF16_Optimizer, which "accumulates grads in fp32. It doesn't shard
+# the static fp32 buffer" (formulas.md §3) and all-reduces those fp32 gradients.
+DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, fp32_grads=True, blocking_p2p=True, full_grad_allreduce=True)
