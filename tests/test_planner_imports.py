@@ -6,7 +6,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 MODULES = ["topology", "topology.hardware", "topology.models", "topology.layout", "topology.plan",
            "topology.stages", "topology.software", "topology.memory", "topology.cost", "topology.search",
-           "topology.cases", "hybridpar.commands.plan"]
+           "topology.cases", "hybridpar.commands.plan", "hybridpar.recipe"]
 
 
 def test_no_heavy_imports():

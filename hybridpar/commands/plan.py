@@ -4,6 +4,7 @@ rejected layouts were rejected. Pure Python: imports topology/ only, never torch
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from topology.hardware import CATALOGUE, GIB, HardwareError, get_gpu
 from topology.models import load_model
@@ -20,11 +21,14 @@ PINS = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "micro_batch": "micro_ba
 
 
 def add_arguments(p):
-    p.add_argument("--model", required=True, help="preset name or a .json/.yaml model file")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--model", help="preset name or a .json/.yaml model file")
+    what.add_argument("--recipe", help="a training recipe (hybridpar/recipe.py): its model, seq_len, "
+                      "global_batch, cluster and parallel sizes (as pins); flags override it")
     p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
-    p.add_argument("--gpu", default="h100-80gb", help=f"GPU type: {', '.join(CATALOGUE)} (default h100-80gb)")
+    p.add_argument("--gpu", help=f"GPU type: {', '.join(CATALOGUE)} (default h100-80gb)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the GPU's, 8)")
-    p.add_argument("--seq-len", type=int, default=8192, help="sequence length (default 8192)")
+    p.add_argument("--seq-len", type=int, help="sequence length (default 8192)")
     batch = p.add_mutually_exclusive_group()
     batch.add_argument("--global-batch", type=int, help="global batch in sequences")
     batch.add_argument("--global-batch-tokens", type=int,
@@ -37,7 +41,41 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help='print {"plans": [...], "rejected": [...]}')
 
 
+# Recipe parallel keys that become pins (dp is not one: it follows from --gpus).
+RECIPE_PINS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "zero": "zero_stage",
+               "micro_batch": "micro_batch"}
+
+
+def recipe_defaults(path: str) -> dict:
+    """What a recipe contributes to the request: model, seq_len, global batch (sequences), GPU,
+    GPUs per node, and pins for the parallel sizes the file writes out. hybridpar.recipe is
+    torch-free at import (tests/test_planner_imports.py checks it with this module)."""
+    import yaml
+
+    from ..recipe import load_recipe
+
+    recipe = load_recipe(path)
+    model = recipe.model
+    tied = recipe.train.tied_embeddings
+    if tied is not None and tied != model.tied_embeddings:
+        from dataclasses import replace
+
+        model = replace(model, tied_embeddings=tied)
+    written = (yaml.safe_load(Path(path).read_text()) or {}).get("parallel") or {}
+    return {"model": model, "seq_len": recipe.train.seq_len or None,
+            "global_batch": recipe.train.global_batch or None, "gpu": recipe.cluster.gpu,
+            "gpus_per_node": recipe.cluster.gpus_per_node,
+            "pins": {name: getattr(recipe.parallel, key) for key, name in RECIPE_PINS.items() if key in written}}
+
+
 def build_request(args) -> tuple[Request, int]:
+    base = recipe_defaults(args.recipe) if args.recipe else {"pins": {}}
+    if args.seq_len is None:
+        args.seq_len = base.get("seq_len") or 8192
+    if args.global_batch is None and args.global_batch_tokens is None:
+        args.global_batch = base.get("global_batch")
+    args.gpu = args.gpu or base.get("gpu") or "h100-80gb"
+    args.gpus_per_node = args.gpus_per_node or base.get("gpus_per_node")
     for key in ("gpus", "gpus_per_node", "seq_len", "global_batch", "global_batch_tokens", "top",
                 "tp", "pp", "cp", "dp", "micro_batch", "vpp"):
         value = getattr(args, key)
@@ -54,7 +92,7 @@ def build_request(args) -> tuple[Request, int]:
     per_node = args.gpus_per_node or gpu.gpus_per_node
     if args.gpus > per_node and args.gpus % per_node:
         raise UsageError(f"--gpus {args.gpus} is not a multiple of --gpus-per-node {per_node}")
-    model = load_model(args.model)
+    model = base["model"] if args.recipe else load_model(args.model)
     if args.global_batch is not None:
         seqs = args.global_batch
     else:
@@ -62,7 +100,7 @@ def build_request(args) -> tuple[Request, int]:
         if tokens % args.seq_len:
             raise UsageError(f"--global-batch-tokens {tokens} is not a multiple of --seq-len {args.seq_len}")
         seqs = tokens // args.seq_len
-    pins = {name: getattr(args, arg) for arg, name in PINS.items() if getattr(args, arg) is not None}
+    pins = {**base["pins"], **{name: getattr(args, arg) for arg, name in PINS.items() if getattr(args, arg) is not None}}
     layout = [pins.get(a) for a in ("tp", "cp", "pp", "dp")]
     product = 1
     for size in layout:
