@@ -5,8 +5,8 @@ megatron-core is written for CUDA. On a CPU-only torch build it breaks in a few 
 
 1. It allocates on ``torch.cuda.current_device()`` (RoPE frequencies, TP gather buffers,
    pipeline receive buffers) or on ``device="cuda"`` (the schedules' token counter).
-   -> ``torch.cuda.current_device`` returns 0, and a torch-function mode rewrites any CUDA
-   device argument (``"cuda"``, ``"cuda:0"``, ``0``) of a torch call to ``"cpu"``.
+   -> ``torch.cuda.current_device`` returns the CPU device, and a torch-function mode rewrites
+   any other CUDA device argument (``"cuda"``, ``"cuda:0"``, ``0``) of a torch call to ``"cpu"``.
 2. Its model-parallel RNG tracker saves and restores the CUDA generator.
    -> a tracker with the same seeds and names that forks the CPU generator.
 3. Pipeline p2p calls ``torch.cuda.synchronize()``. -> a no-op on CPU (and the config sets
@@ -96,7 +96,9 @@ def apply() -> bool:
         return False
     if _APPLIED:
         return True
-    torch.cuda.current_device = lambda: 0
+    # A device object, not an ordinal: megatron's autograd functions allocate on it in backward,
+    # where the torch-function mode below is not active.
+    torch.cuda.current_device = lambda: torch.device("cpu")
     torch.cuda.synchronize = lambda *a, **k: None
     from megatron.core.tensor_parallel import random as mrandom
 

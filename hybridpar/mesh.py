@@ -11,7 +11,7 @@ otherwise. Everything else asks the mesh: ``mesh.group("dp")``, ``mesh.rank_in("
 DeepSpeed gets ``mesh.deepspeed_mpu()``.
 
 Group kinds (this rank's group of each): tp, cp, pp, dp, dp_cp, mp (one whole replica,
-tp x cp x pp), embedding (first and last stage of this rank's pipeline).
+tp x cp x pp), embedding (first and last stage of this rank's pipeline; none on middle stages).
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def _megatron_groups(ps) -> dict:
         "dp": ps.get_data_parallel_group(),
         "dp_cp": ps.get_data_parallel_group(with_context_parallel=True),
         "mp": ps.get_model_parallel_group(),
-        "embedding": ps.get_embedding_group(),
+        "embedding": ps.get_embedding_group(check_initialized=False),
     }
 
 
@@ -76,8 +76,10 @@ class Mesh:
             ps.initialize_model_parallel(**kwargs)
         mesh = cls(layout=layout, rank=dist.get_rank(), vpp=vpp)
         for kind, group in _megatron_groups(ps).items():
-            got = sorted(dist.get_process_group_ranks(group))
             want = layout.group_of(mesh.rank, kind)
+            if kind == "embedding" and mesh.rank not in want:  # a middle pipeline stage
+                want = []
+            got = sorted(dist.get_process_group_ranks(group)) if group is not None else []
             if got != want:
                 raise MeshError(f"rank {mesh.rank}: megatron's {kind} group {got} != layout's {want}")
             mesh.groups[kind] = group
@@ -126,10 +128,6 @@ class Mesh:
 
     def deepspeed_mpu(self) -> "DeepSpeedMPU":
         return DeepSpeedMPU(self)
-
-    def all_ranks_of(self, kind: str) -> list[list[int]]:
-        """Every group of a kind (for tests and group-traffic checks)."""
-        return self.layout.all_groups()["dp_cp" if kind == "dp_cp" else kind]
 
 
 class DeepSpeedMPU:

@@ -94,13 +94,17 @@ def build_model(spec: ModelSpec, mesh, opts: ModelOptions, seed: int = 0) -> lis
     cpu.seed_model_parallel_rng(seed, mesh.tp_rank)
     config = transformer_config(spec, mesh, opts)
     layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    torch_norm = _uses_torch_norm(layer_spec)
+    if torch_norm:  # no apex/TE: megatron's torch fallback norm refuses sequence parallelism
+        layer_spec.submodules.input_layernorm = RMSNorm
+        layer_spec.submodules.pre_mlp_layernorm = RMSNorm
     tied = spec.tied_embeddings if opts.tied_embeddings is None else opts.tied_embeddings
     chunks = []
     for vp in range(mesh.vpp):
         vp_stage = vp if mesh.vpp > 1 else None
         kwargs = dict(
             config=config,
-            transformer_layer_spec=layer_spec,
+            transformer_layer_spec=_block_spec(layer_spec, config, vp_stage) if torch_norm else layer_spec,
             vocab_size=spec.vocab,
             max_sequence_length=opts.seq_len,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
@@ -120,6 +124,39 @@ def build_model(spec: ModelSpec, mesh, opts: ModelOptions, seed: int = 0) -> lis
             if getattr(p, "shared_embedding", False) and not mesh.is_first_stage:
                 p.ds_pipe_replicated = True
     return chunks
+
+
+class RMSNorm(torch.nn.Module):
+    """RMSNorm for megatron's layer spec when neither apex nor TransformerEngine is present.
+
+    Same math as megatron's torch fallback (``torch.nn.RMSNorm``), but it also supports
+    sequence parallelism: its weight is marked ``sequence_parallel`` so that its gradient,
+    computed on a sequence shard, is summed over the TP group (pipeline.py)."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5):
+        super().__init__()
+        self.hidden_size, self.eps = hidden_size, eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel))
+
+    def forward(self, x):
+        return torch.nn.functional.rms_norm(x, (self.hidden_size,), self.weight, self.eps)
+
+
+def _uses_torch_norm(layer_spec) -> bool:
+    norm = layer_spec.submodules.input_layernorm
+    return getattr(norm, "__name__", "") == "WrappedTorchNorm"
+
+
+def _block_spec(layer_spec, config, vp_stage):
+    """The decoder block with this stage's layers and RMSNorm as its final norm."""
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+
+    try:
+        n = get_num_layers_to_build(config, vp_stage=vp_stage)
+    except TypeError:  # older megatron-core: no vp_stage argument
+        n = get_num_layers_to_build(config)
+    return TransformerBlockSubmodules(layer_specs=[layer_spec] * n, layer_norm=RMSNorm)
 
 
 # --- canonical names and TP shards ---------------------------------------------------------

@@ -1,0 +1,161 @@
+"""Multi-rank worker for tests/test_runtime.py: many layouts in one launch.
+
+Usage: torchrun --nproc-per-node N tests/workers/runtime_worker.py CONFIG.json
+CONFIG: {"out": DIR, "steps": S, "layouts": [{"name": ..., "tp":..., ...}], "record": [names]}
+For each layout it builds a Job (fresh mesh, model, engine), trains S steps, checks after every
+step that all DP replicas hold bit-identical parameters (hash across each DP group), and, for
+layouts named in "record", logs every collective and p2p of one training step with its group.
+Rank 0 writes DIR/results.json and DIR/<name>.pt (the full gathered weights).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import json
+import os
+import sys
+import time
+import traceback
+import warnings
+
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from topology.models import ModelSpec  # noqa: E402
+from topology.plan import Plan  # noqa: E402
+
+from hybridpar.data import SyntheticTokens  # noqa: E402
+from hybridpar.engine import OptimConfig  # noqa: E402
+from hybridpar.launch import init_distributed  # noqa: E402
+from hybridpar.mesh import replica_hash  # noqa: E402
+from hybridpar.train import Job  # noqa: E402
+
+# GQA test model: 8 query heads over 4 KV heads, so TP 4 divides both.
+MODEL = ModelSpec(layers=4, hidden=64, ffn_hidden=176, heads=8, kv_heads=4, vocab=320, name="test-gqa")
+SEQ, GLOBAL_BATCH = 32, 16
+
+
+def make_job(cfg: dict, layout: dict) -> Job:
+    model = MODEL if not layout.get("tied") else ModelSpec(**{**MODEL.to_dict(), "tied_embeddings": True})
+    plan = Plan(
+        model=model, seq_len=SEQ, global_batch=GLOBAL_BATCH, precision="fp32",
+        tp=layout.get("tp", 1), pp=layout.get("pp", 1), dp=layout.get("dp", 1), vpp=layout.get("vpp", 1),
+        micro_batch=layout.get("micro_batch", 2), zero_stage=layout.get("zero", 1),
+        sequence_parallel=layout.get("sp", False),
+    )
+    assert not plan.violations(), plan.violations()
+    lr = layout.get("lr", cfg.get("lr", 3e-3))
+    optim = OptimConfig(lr=lr, min_lr=lr / 10, warmup_steps=2, total_steps=cfg["steps"],
+                        grad_clip=cfg.get("grad_clip", 1.0), eps=layout.get("eps", cfg.get("eps", 1e-8)))
+    return Job(plan, optim, SyntheticTokens(SEQ, GLOBAL_BATCH, MODEL.vocab, seed=0), seed=0)
+
+
+# --- recording collectives ---------------------------------------------------------------
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+               "broadcast", "reduce", "all_to_all", "all_to_all_single", "all_gather_object", "barrier")
+P2P = ("isend", "irecv", "send", "recv")
+
+
+class Recorder:
+    def __init__(self):
+        self.events, self.active, self.saved = [], False, {}
+
+    def install(self):
+        from torch.distributed import distributed_c10d as c10d
+
+        for name in COLLECTIVES + P2P:
+            if hasattr(dist, name):
+                orig = getattr(dist, name)
+                self.saved[name] = orig
+                wrapped = self._wrap(name, orig)
+                setattr(dist, name, wrapped)
+                setattr(c10d, name, wrapped)  # P2POp checks its op against c10d's own isend/irecv
+
+    def _wrap(self, name, orig):
+        sig = inspect.signature(orig)
+
+        @functools.wraps(orig)
+        def wrapper(*args, **kwargs):
+            if self.active:
+                bound = sig.bind_partial(*args, **kwargs)
+                group = bound.arguments.get("group")
+                ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
+                event = {"op": name, "group": sorted(ranks)}
+                tensor = next((v for v in bound.arguments.values() if isinstance(v, torch.Tensor)), None)
+                event["numel"] = int(tensor.numel()) if tensor is not None else 0
+                for key in ("dst", "src", "group_dst", "group_src"):
+                    if bound.arguments.get(key) is not None and name in P2P:
+                        peer = bound.arguments[key]
+                        if key.startswith("group_"):
+                            peer = ranks[peer]
+                        event["peer"] = int(peer)
+                self.events.append(event)
+            return orig(*args, **kwargs)
+
+        return wrapper
+
+
+def run_layout(cfg, layout, recorder):
+    job = make_job(cfg, layout)
+    mesh = job.mesh
+    losses, norms, lrs, identical, times = [], [], [], [], []
+    for step in range(1, cfg["steps"] + 1):
+        record = layout["name"] in cfg.get("record", []) and step == 2
+        recorder.events.clear()
+        recorder.active = record
+        m = job.train_step(step)
+        recorder.active = False
+        if record:
+            gathered = [None] * dist.get_world_size()
+            dist.all_gather_object(gathered, {"rank": dist.get_rank(), "events": list(recorder.events), "groups": mesh.members})
+            if dist.get_rank() == 0:
+                with open(os.path.join(cfg["out"], f"{layout['name']}.events.json"), "w") as f:
+                    json.dump(gathered, f)
+        hashes = replica_hash(job.chunks, mesh)
+        same = torch.tensor([1 if len(set(hashes)) == 1 else 0])
+        dist.all_reduce(same, op=dist.ReduceOp.MIN)
+        identical.append(bool(same.item()))
+        losses.append(m.loss)
+        norms.append(m.grad_norm)
+        lrs.append(m.lr)
+        times.append(m.step_time_s)
+    state = job.full_state_dict()
+    job.close()
+    return {"losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
+
+
+def main():
+    cfg = json.load(open(sys.argv[1]))
+    init_distributed()
+    recorder = Recorder()
+    recorder.install()
+    results = {}
+    for layout in cfg["layouts"]:
+        start = time.perf_counter()
+        try:
+            result, state = run_layout(cfg, layout, recorder)
+            result["seconds"] = time.perf_counter() - start
+            if dist.get_rank() == 0:
+                torch.save(state, os.path.join(cfg["out"], f"{layout['name']}.pt"))
+        except Exception:  # record and go on: other layouts still report
+            result = {"error": traceback.format_exc()}
+            if dist.get_world_size() > 1:
+                raise
+        results[layout["name"]] = result
+        if dist.get_rank() == 0:
+            print(f"layout {layout['name']}: {time.perf_counter() - start:.1f} s", flush=True)
+    if dist.get_rank() == 0:
+        tmp = os.path.join(cfg["out"], "results.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(tmp, os.path.join(cfg["out"], "results.json"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
