@@ -1,0 +1,114 @@
+"""This rank's weights and AdamW state, seen per parameter (DeepSpeed ZeRO 0/1/2 alike).
+
+- ZeRO 1/2 (DeepSpeedZeroOptimizer, and DeepSpeed's BF16 optimizer): the base optimizer steps
+  one flat fp32 partition per param group; DeepSpeed links each parameter that overlaps this
+  rank's partition to its piece of it (``p._hp_mapping``: the range inside the flattened
+  parameter and the range inside the flat partition). The fp32 master weights are that flat
+  partition; AdamW's moments are keyed by it.
+- ZeRO 0: a plain torch optimizer over the parameters themselves, replicated on every DP rank
+  (DP rank 0 saves it; every rank loads it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .files import CheckpointError
+
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+@dataclass
+class Fragment:
+    start: int  # offset in the flattened (TP-shard) parameter
+    numel: int
+    tensors: dict  # "param" (fp32 master), "exp_avg", "exp_avg_sq": flat views of this range
+
+
+class OptimizerView:
+    def __init__(self, stage_engine, dp_rank: int):
+        self.opt = stage_engine.engine.optimizer
+        self.dp_rank = dp_rank
+        if hasattr(self.opt, "single_partition_of_fp32_groups") or hasattr(self.opt, "fp32_groups_flat_partition"):
+            self.partitioned, self.base = True, self.opt.optimizer
+        elif isinstance(self.opt, torch.optim.Optimizer):
+            self.partitioned, self.base = False, self.opt
+        else:
+            raise CheckpointError(f"checkpointing does not know DeepSpeed's optimizer wrapper {type(self.opt).__name__}")
+
+    # --- reading ------------------------------------------------------------------------
+    def _flat(self, p):
+        return self.base.param_groups[p._hp_mapping.param_group_index]["params"][0]
+
+    def fragment(self, p) -> Fragment | None:
+        """The part of ``p`` this rank saves (None: another DP rank owns all of it)."""
+        if self.partitioned:
+            m = getattr(p, "_hp_mapping", None)
+            if m is None:
+                return None
+            flat = self._flat(p)
+            hp = m.hp_fragment_address
+            state = self.base.state.get(flat, {})
+            tensors = {"param": flat.detach().narrow(0, hp.start, hp.numel)}
+            for key in MOMENTS:
+                tensors[key] = state[key].narrow(0, hp.start, hp.numel) if key in state else torch.zeros(hp.numel)
+            return Fragment(m.lp_fragment_address.start, m.lp_fragment_address.numel, tensors)
+        if self.dp_rank != 0:
+            return None
+        state = self.base.state.get(p, {})
+        tensors = {"param": p.detach().reshape(-1).float()}
+        for key in MOMENTS:
+            tensors[key] = state[key].reshape(-1) if key in state else torch.zeros(p.numel())
+        return Fragment(0, p.numel(), tensors)
+
+    def adam_step(self) -> int:
+        """AdamW's step count (0 before the first step)."""
+        for state in self.base.state.values():
+            if "step" in state:
+                return int(float(state["step"]))
+        return 0
+
+    # --- writing ------------------------------------------------------------------------
+    def _state_tensors(self):
+        """Every tensor the base optimizer keeps state for (flat partitions, or parameters)."""
+        return [p for g in self.base.param_groups for p in g["params"]]
+
+    def prepare(self, adam_step: int) -> None:
+        """Create AdamW state (zeros) where it does not exist yet, and set its step count."""
+        for t in self._state_tensors():
+            state = self.base.state[t]
+            if "step" in state and torch.is_tensor(state["step"]):
+                state["step"].fill_(float(adam_step))
+            else:
+                state["step"] = torch.tensor(float(adam_step), dtype=torch.float32)
+            for key in MOMENTS:
+                if key not in state:
+                    state[key] = torch.zeros_like(t, memory_format=torch.preserve_format)
+
+    def needed_range(self, p) -> tuple[int, int] | None:
+        """The flat range of ``p`` whose optimizer state this rank holds (None: none)."""
+        if self.partitioned:
+            m = getattr(p, "_hp_mapping", None)
+            if m is None:
+                return None
+            return m.lp_fragment_address.start, m.lp_fragment_address.start + m.lp_fragment_address.numel
+        return 0, p.numel()
+
+    @torch.no_grad()
+    def set_param(self, p, value: torch.Tensor) -> None:
+        """The model's copy (all of this rank's shard) and, where it has one, the fp32 master."""
+        p.data.copy_(value.view_as(p).to(p.dtype))
+        if self.partitioned and getattr(p, "_hp_mapping", None) is not None:
+            m = p._hp_mapping
+            lp, hp = m.lp_fragment_address, m.hp_fragment_address
+            self._flat(p).data.narrow(0, hp.start, hp.numel).copy_(value.reshape(-1)[lp.start : lp.start + lp.numel])
+
+    @torch.no_grad()
+    def set_moment(self, p, key: str, values: torch.Tensor) -> None:
+        """``values``: the flat range ``needed_range(p)`` of moment ``key``."""
+        if self.partitioned:
+            hp = p._hp_mapping.hp_fragment_address
+            self.base.state[self._flat(p)][key].narrow(0, hp.start, hp.numel).copy_(values)
+        else:
+            self.base.state[p][key].copy_(values.view_as(p))

@@ -1,0 +1,134 @@
+"""Saving: every rank writes its file into a temporary directory; rank 0 commits.
+
+1. rank 0 picks a save id, removes leftovers of interrupted saves, creates
+   ``step-NNNNNN.tmp-<id>/``; every rank writes ``rank-RRRRR.pt`` (fsync'd) and reports its
+   size, sha256 and fragment index (one all_gather_object, which is also the barrier);
+2. rank 0 writes plan.json, recipe.json and manifest.json, renames the directory to
+   ``step-NNNNNN/`` and replaces ``latest`` (temp file + os.replace) last;
+3. every rank learns the outcome (one broadcast): a failure on any rank fails the save everywhere.
+A job killed anywhere before the rename leaves only a ``*.tmp-*`` directory, which loading
+ignores and the next save removes.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import asdict
+
+import torch
+import torch.distributed as dist
+
+from ..model import canonical_params
+from . import rng
+from .files import CheckpointError, Manifest, commit, prune, rank_file_name, remove_partials, step_dir_name, write_bytes, write_tensors
+from .optim import OptimizerView
+
+
+def param_meta(cname: str, p, tp: int) -> dict:
+    """How ``cname`` looks in one process and how it splits over TP (split -1: replicated).
+    megatron marks its parallel layers' weights even at TP 1, so a TP-1 checkpoint knows too."""
+    split = int(p.partition_dim) if getattr(p, "tensor_model_parallel", False) else -1
+    shape = list(p.shape)
+    if split >= 0:
+        shape[split] *= tp
+    return {"full_shape": shape, "split": split, "gated": bool(getattr(p, "_hybridpar_gated", False))}
+
+
+def rank_payload(job, step: int, save_id: str) -> tuple[dict, list, dict]:
+    """This rank's file contents, its fragment index, and its parameters' metadata."""
+    mesh, view = job.mesh, OptimizerView(job.engine, job.mesh.dp_rank)
+    tp = mesh.size("tp")
+    fragments, index, metas = {}, [], {}
+    for cname, p in canonical_params(job.chunks):
+        metas[cname] = param_meta(cname, p, tp)
+        replicated = not getattr(p, "tensor_model_parallel", False)
+        if replicated and mesh.tp_rank != 0:  # identical on every TP rank: TP rank 0 saves it
+            continue
+        frag = view.fragment(p)
+        if frag is None:
+            continue
+        tp_rank = 0 if replicated else mesh.tp_rank
+        fragments[cname] = {"start": frag.start, **{k: v.detach().float().clone() for k, v in frag.tensors.items()}}
+        index.append([cname, tp_rank, mesh.pp_rank, frag.start, frag.numel])
+    header = {"step": step, "save_id": save_id, "rank": dist.get_rank(),
+              "coord": {"dp": mesh.dp_rank, "pp": mesh.pp_rank, "tp": mesh.tp_rank}}
+    payload = {"header": header, "fragments": fragments, "adam_step": view.adam_step(), "rng": rng.capture()}
+    return payload, index, metas
+
+
+def _broadcast(value, src: int = 0):
+    box = [value]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def save_checkpoint(job, save_dir: str, step: int, recipe=None, keep_last: int = 0) -> str:
+    """Collective: save ``job`` after optimizer step ``step``. Returns the checkpoint directory."""
+    rank = dist.get_rank()
+    save_id = _broadcast(uuid.uuid4().hex[:12] if rank == 0 else None)
+    tmp_name = f"{step_dir_name(step)}.tmp-{save_id}"
+    tmp = os.path.join(save_dir, tmp_name)
+    error = None
+    if rank == 0:
+        try:
+            os.makedirs(save_dir, exist_ok=True)
+            remove_partials(save_dir)
+            os.makedirs(tmp)
+        except OSError as err:
+            error = f"cannot create {tmp}: {err}"
+    error = _broadcast(error)
+    if error:
+        raise CheckpointError(error)
+
+    report = {"rank": rank, "error": None}
+    try:
+        payload, index, metas = rank_payload(job, step, save_id)
+        name = rank_file_name(rank)
+        record = write_tensors(os.path.join(tmp, name), payload)
+        report.update(name=name, record=asdict(record), index=index, metas=metas,
+                      coord=payload["header"]["coord"], adam_step=payload["adam_step"])
+    except Exception as err:  # noqa: BLE001 - reported to every rank below
+        report["error"] = f"rank {rank}: writing its checkpoint file failed: {err}"
+    reports = [None] * dist.get_world_size()
+    dist.all_gather_object(reports, report)
+
+    outcome = None
+    if rank == 0:
+        outcome = next((r["error"] for r in reports if r["error"]), None)
+        if outcome is None:
+            try:
+                final = _commit(job, save_dir, tmp_name, step, save_id, reports, recipe)
+                prune(save_dir, keep_last)
+                outcome = ("ok", final)
+            except Exception as err:  # noqa: BLE001
+                outcome = f"committing {tmp} failed: {err}"
+        if not isinstance(outcome, tuple):
+            shutil.rmtree(tmp, ignore_errors=True)
+    outcome = _broadcast(outcome)
+    if not isinstance(outcome, (tuple, list)):
+        raise CheckpointError(outcome)
+    return outcome[1]
+
+
+def _commit(job, save_dir, tmp_name, step, save_id, reports, recipe) -> str:
+    tmp = os.path.join(save_dir, tmp_name)
+    files, params = {}, {}
+    for r in reports:
+        files[r["name"]] = {**r["record"], "rank": r["rank"], "coord": r["coord"], "fragments": r["index"]}
+        params.update(r["metas"])
+    steps = {r["adam_step"] for r in reports}
+    if len(steps) != 1:
+        raise CheckpointError(f"ranks disagree on AdamW's step count: {sorted(steps)}")
+    plan_text = job.plan.to_json() + "\n"
+    files["plan.json"] = asdict(write_bytes(os.path.join(tmp, "plan.json"), plan_text.encode()))
+    if recipe is not None:
+        recipe_text = json.dumps(asdict(recipe), indent=1, sort_keys=True, default=str) + "\n"
+        files["recipe.json"] = asdict(write_bytes(os.path.join(tmp, "recipe.json"), recipe_text.encode()))
+    manifest = Manifest(
+        step=step, save_id=save_id, plan=job.plan.to_dict(), files=files, params=params,
+        adam_step=steps.pop(), optim=asdict(job.optim), seed=job.seed,
+    )
+    write_bytes(os.path.join(tmp, "manifest.json"), manifest.to_json().encode())
+    return commit(save_dir, tmp_name, step, save_id)

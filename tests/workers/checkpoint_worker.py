@@ -1,0 +1,90 @@
+"""Multi-rank worker for tests/test_checkpoint_resume.py: several checkpoint jobs in one launch.
+
+Usage: torchrun --nproc-per-node N tests/workers/checkpoint_worker.py CONFIG.json
+CONFIG: {"out": DIR, "jobs": [JOB, ...]}, each JOB:
+  name, layout {tp, pp, dp, vpp, zero, micro_batch}, total_steps (the LR schedule's length),
+  first/last (the steps to train), load (checkpoint path or null), save_after_load (a save dir:
+  save right after loading, before training), save_dir + save_every (periodic saves).
+Each job builds a fresh Job (mesh, model, engine); rank 0 writes DIR/results.json:
+{name: {"losses": {step: loss}, "grad_norms": {...}, "resumed_from": step, "seconds": s}}.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import warnings
+
+warnings.filterwarnings("ignore")
+
+import torch.distributed as dist  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from topology.models import ModelSpec  # noqa: E402
+from topology.plan import Plan  # noqa: E402
+
+from hybridpar.checkpoint import CheckpointConfig, Checkpointer, load_checkpoint, save_checkpoint  # noqa: E402
+from hybridpar.data import SyntheticTokens  # noqa: E402
+from hybridpar.engine import OptimConfig  # noqa: E402
+from hybridpar.launch import init_distributed  # noqa: E402
+from hybridpar.train import Job  # noqa: E402
+
+# 8 query heads over 4 KV heads: TP 1, 2 and 4 all divide it.
+MODEL = ModelSpec(layers=4, hidden=64, ffn_hidden=176, heads=8, kv_heads=4, vocab=320, name="test-gqa")
+SEQ, GLOBAL_BATCH = 32, 16
+
+
+def make_job(spec: dict) -> Job:
+    lay = spec["layout"]
+    plan = Plan(
+        model=MODEL, seq_len=SEQ, global_batch=GLOBAL_BATCH, precision="fp32",
+        tp=lay.get("tp", 1), pp=lay.get("pp", 1), dp=lay.get("dp", 1), vpp=lay.get("vpp", 1),
+        micro_batch=lay.get("micro_batch", 2), zero_stage=lay.get("zero", 1),
+    )
+    assert not plan.violations(), plan.violations()
+    optim = OptimConfig(lr=1e-2, min_lr=1e-3, warmup_steps=2, total_steps=spec["total_steps"], grad_clip=1.0)
+    return Job(plan, optim, SyntheticTokens(SEQ, GLOBAL_BATCH, MODEL.vocab, seed=0), seed=0)
+
+
+def run_job(spec: dict) -> dict:
+    job = make_job(spec)
+    first, resumed = spec.get("first", 1), None
+    if spec.get("load"):
+        resumed = load_checkpoint(job, spec["load"])
+        first = resumed + 1
+    if spec.get("save_after_load"):
+        save_checkpoint(job, spec["save_after_load"], resumed or 0)
+    hook = Checkpointer(CheckpointConfig(save_dir=spec.get("save_dir"), save_every=spec.get("save_every", 0)),
+                        last_step=spec["last"], print_fn=None)
+    losses, norms = {}, {}
+    for step in range(first, spec["last"] + 1):
+        m = job.train_step(step)
+        losses[step], norms[step] = m.loss, m.grad_norm
+        hook.on_step(job, m)
+    job.close()
+    return {"losses": losses, "grad_norms": norms, "resumed_from": resumed}
+
+
+def main():
+    cfg = json.load(open(sys.argv[1]))
+    init_distributed()
+    results = {}
+    for spec in cfg["jobs"]:
+        start = time.perf_counter()
+        results[spec["name"]] = run_job(spec)
+        results[spec["name"]]["seconds"] = time.perf_counter() - start
+        if dist.get_rank() == 0:
+            print(f"job {spec['name']}: {time.perf_counter() - start:.1f} s", flush=True)
+    if dist.get_rank() == 0:
+        tmp = os.path.join(cfg["out"], "results.json.tmp")
+        with open(tmp, "w") as f:
+            json.dump(results, f, indent=1)
+        os.replace(tmp, os.path.join(cfg["out"], "results.json"))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
