@@ -44,12 +44,13 @@ def assemble(pieces: list[tuple[int, torch.Tensor]], total: int, what: str) -> t
     pieces = sorted(pieces, key=lambda p: p[0])
     at = 0
     for start, t in pieces:
-        if start != at:
-            kind = "overlapping" if start < at else "missing"
-            raise CheckpointError(f"checkpoint has {kind} elements {min(at, start)}..{max(at, start)} of {what}")
+        if start < at:
+            raise CheckpointError(f"checkpoint has overlapping copies of elements {start}..{at} of {what}")
+        if start > at:
+            raise CheckpointError(f"checkpoint lacks elements {at}..{start} of {what} (a rank file left out?)")
         at += t.numel()
     if at != total:
-        raise CheckpointError(f"checkpoint has elements 0..{at} of {what}, expected {total}")
+        raise CheckpointError(f"checkpoint lacks elements {at}..{total} of {what} (a rank file left out?)")
     return torch.cat([t.reshape(-1) for _, t in pieces]) if len(pieces) > 1 else pieces[0][1].reshape(-1)
 
 
