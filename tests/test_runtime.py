@@ -39,7 +39,8 @@ LAYOUTS = [
     {"name": "pp2_dp4_tied_zero2", "pp": 2, "dp": 4, "zero": 2, "tied": True},
 ]
 RECORD = ["tp2_pp2_dp2_zero1", "pp4_dp2"]
-REFERENCES = [{"name": "ref"}, {"name": "ref_tied", "tied": True}]
+REFERENCES = [{"name": "ref"}, {"name": "ref_tied", "tied": True},
+              {"name": "memorise", "fixed_batch": True, "lr": 1e-2}]
 LR = 3e-3
 # Weights: Adam divides the momentum by sqrt(v). Where the momentum of one element nearly
 # cancels (a gradient that flips sign between steps), the fp32 summation-order noise of that
@@ -105,12 +106,14 @@ def test_layout_trains_like_one_process(runs, layout):
     print(name, record)
 
 
-def test_training_changes_the_weights(runs):
-    """Guard against a vacuous comparison: the reference moved away from its initial weights."""
-    base, ref, _ = runs
-    losses = ref["ref"]["losses"]
-    assert len(set(round(l, 6) for l in losses)) == STEPS
-    assert ref["ref"]["grad_norms"][0] > 0
+def test_the_reference_learns(runs):
+    """Guard against a vacuous comparison: the one-process model learns (it memorises a fixed
+    batch: the loss falls from ln(320) = 5.77 by more than 1 nat in 5 steps)."""
+    _, ref, _ = runs
+    losses = ref["memorise"]["losses"]
+    assert abs(losses[0] - 5.77) < 0.1, losses
+    assert losses[-1] < losses[0] - 1.0, losses
+    assert all(b < a for a, b in zip(losses, losses[1:])), losses
 
 
 def _events(base, name):

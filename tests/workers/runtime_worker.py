@@ -51,7 +51,18 @@ def make_job(cfg: dict, layout: dict) -> Job:
     lr = layout.get("lr", cfg.get("lr", 3e-3))
     optim = OptimConfig(lr=lr, min_lr=lr / 10, warmup_steps=2, total_steps=cfg["steps"],
                         grad_clip=cfg.get("grad_clip", 1.0), eps=layout.get("eps", cfg.get("eps", 1e-8)))
-    return Job(plan, optim, SyntheticTokens(SEQ, GLOBAL_BATCH, MODEL.vocab, seed=0), seed=0)
+    source = SyntheticTokens(SEQ, GLOBAL_BATCH, MODEL.vocab, seed=0)
+    if layout.get("fixed_batch"):  # the same batch every step: the model must memorise it
+        source = FixedBatch(source.global_batch(1))
+    return Job(plan, optim, source, seed=0)
+
+
+class FixedBatch:
+    def __init__(self, batch):
+        self.batch = batch
+
+    def global_batch(self, step):
+        return self.batch
 
 
 # --- recording collectives ---------------------------------------------------------------
