@@ -17,14 +17,27 @@ from .search import Evaluated, evaluate
 from .software import DEEPSPEED_BF16_PIPE, HYBRIDPAR, MEGATRON_2021, Software
 
 CASES_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "cases" / "public_cases.json"
+# Out-of-sample runs (NVIDIA DGX Cloud benchmark recipes), same fields plus "software"; README
+# "Checked against runs it was not built on" gives their provenance.
+VALIDATION_PATH = Path(__file__).resolve().parents[1] / "tests" / "data" / "validation_runs.json"
 
 
 def load_cases(path: Path = CASES_PATH) -> list[dict]:
     return json.loads(Path(path).read_text())
 
 
+def _modern(case: dict) -> bool:
+    """megatron-core era (2024+): FlashAttention-class kernels, sequence parallelism, untied
+    embeddings (Llama 3, Nemotron-4)."""
+    return case["id"].startswith("llama3") or case.get("software") == "megatron-core"
+
+
 def case_software(case: dict) -> tuple[Software, GPU]:
     gpu = get_gpu(case["gpu"].lower())
+    if case.get("software") == "megatron-core":
+        # NeMo/megatron-core recipes: distributed optimizer, overlapped grad reduce / param
+        # gather / p2p, cuDNN or FlashAttention kernels: hybridpar's own stack.
+        return HYBRIDPAR, gpu
     if case["id"].startswith("llama3"):
         # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2); FlashAttention-2
         # on H100 reaches "only 35% utilization" (FlashAttention-3 paper, abstract).
@@ -36,7 +49,7 @@ def case_software(case: dict) -> tuple[Software, GPU]:
 
 
 def case_plans(case: dict) -> list[Plan]:
-    modern = case["id"].startswith("llama3")
+    modern = _modern(case)
     # GPT in Megatron-LM 2021 and BLOOM share the input embedding with the output layer
     # (Megatron's embedding group; BLOOM's TiedLayerSpec); Llama 3 does not.
     m = ModelSpec(case["layers"], case["hidden"], case["ffn_hidden"], case["heads"], case["kv_heads"],
