@@ -68,7 +68,7 @@ def counted_in_norm(p, tp_rank: int) -> bool:
 
 def grad_norm(params, mesh) -> torch.Tensor:
     """L2 norm of the full model's gradient from this replica's shards (sum over the replica)."""
-    sq = torch.zeros((), dtype=torch.float32)
+    sq = torch.zeros((), dtype=torch.float32, device=mesh.device)
     for p in params:
         if p.grad is not None and counted_in_norm(p, mesh.tp_rank):
             sq += p.grad.detach().float().pow(2).sum()

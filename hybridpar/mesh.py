@@ -94,6 +94,13 @@ class Mesh:
 
     # --- queries ------------------------------------------------------------------
     @property
+    def device(self) -> torch.device:
+        """Where this rank's tensors and communication buffers live (NCCL needs CUDA tensors)."""
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    @property
     def coord(self) -> Coord:
         return self.layout.coord(self.rank)
 
@@ -200,7 +207,7 @@ def replica_hash(modules, mesh: Mesh) -> list[str]:
         for name, p in module.named_parameters():
             h.update(name.encode())
             h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    digest = torch.tensor(list(h.digest()), dtype=torch.uint8)
+    digest = torch.tensor(list(h.digest()), dtype=torch.uint8, device=mesh.device)
     out = [torch.empty_like(digest) for _ in range(mesh.size("dp"))]
     dist.all_gather(out, digest, group=mesh.group("dp"))
-    return [bytes(t.tolist()).hex() for t in out]
+    return [bytes(t.cpu().tolist()).hex() for t in out]

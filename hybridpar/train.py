@@ -67,7 +67,7 @@ class Job:
     def replica_batches(self, step: int) -> list[torch.Tensor]:
         rows = self.source.global_batch(step)
         per = rows.shape[0] // self.plan.dp
-        mine = rows[self.mesh.dp_rank * per : (self.mesh.dp_rank + 1) * per]
+        mine = rows[self.mesh.dp_rank * per : (self.mesh.dp_rank + 1) * per].to(self.mesh.device)
         return micro_batches(mine, self.plan.micro_batch)
 
     def train_step(self, step: int) -> StepMetrics:
@@ -87,7 +87,7 @@ class Job:
 
         Only the last stage of each replica holds its loss; every TP (x CP) rank there holds
         the same value, so the world sum counts each replica tp x cp times."""
-        value = torch.zeros(1, dtype=torch.float64)
+        value = torch.zeros(1, dtype=torch.float64, device=self.mesh.device)
         if replica_loss is not None:
             value += float(replica_loss)
         if dist.get_world_size() > 1:
