@@ -8,6 +8,7 @@ train: {global_batch: 16, seq_len: 32, steps: 5, lr: 3.0e-3, min_lr: 3.0e-4, war
         weight_decay: 0.1, grad_clip: 1.0, seed: 0, precision: auto}
 data: {source: synthetic}   # or {source: embedded, tokenizer: byte} / {source: indexed, path: PREFIX}
 cluster: {gpu: h100-80gb, gpus_per_node: 8}
+checkpoint: {save_dir: ckpt/tiny, save_every: 50, keep_last: 0}   # hybridpar.checkpoint
 ```
 
 Every section and key is optional except ``model`` and ``train.global_batch``/``seq_len``;
@@ -15,8 +16,7 @@ unknown keys, wrong types and every layout rule of ``topology.plan.Plan`` are er
 by ``load_recipe``/``Recipe.validate`` before any process starts. ``parallel.dp`` may be left
 out: it is then derived from the world size (dp = world / (tp x cp x pp)).
 
-Extension points: a new section is one dataclass in ``SECTIONS`` (issue 4's ``checkpoint:``
-section goes there); data sources are whatever ``hybridpar.data.make_token_source`` knows.
+Extension points: a new section is one dataclass in ``SECTIONS``; data sources are whatever ``hybridpar.data.make_token_source`` knows.
 """
 from __future__ import annotations
 
@@ -91,7 +91,17 @@ class ClusterSection:
     gpus_per_node: int = 8
 
 
-SECTIONS = {"parallel": ParallelSection, "train": TrainSection, "data": DataSection, "cluster": ClusterSection}
+@dataclass(frozen=True)
+class CheckpointSection:
+    """Where and how often to save (hybridpar.checkpoint); ``--save-dir``/``--save-every`` override."""
+
+    save_dir: Optional[str] = None  # None: no checkpoints
+    save_every: int = 0  # 0: only after the last step
+    keep_last: int = 0  # 0: keep every checkpoint
+
+
+SECTIONS = {"parallel": ParallelSection, "train": TrainSection, "data": DataSection, "cluster": ClusterSection,
+            "checkpoint": CheckpointSection}
 TOP_KEYS = ("name", "model", *SECTIONS)
 
 
@@ -103,6 +113,7 @@ class Recipe:
     train: TrainSection = field(default_factory=TrainSection)
     data: DataSection = field(default_factory=DataSection)
     cluster: ClusterSection = field(default_factory=ClusterSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
 
     # --- derived ------------------------------------------------------------------------
     def model_parallel_size(self) -> int:
@@ -176,6 +187,9 @@ class Recipe:
             out.append(f"parallel.dp must be a positive integer, got {p.dp}")
         if p.tp > 0 and self.model.vocab % p.tp:
             out.append(f"vocab {self.model.vocab} not divisible by tp {p.tp} (vocab-parallel embedding)")
+        for key in ("save_every", "keep_last"):
+            if getattr(self.checkpoint, key) < 0:
+                out.append(f"checkpoint.{key} must be >= 0, got {getattr(self.checkpoint, key)}")
         if self.data.source == "indexed" and not self.data.path:
             out.append("data.source indexed needs data.path (the .bin/.idx prefix)")
         if not out:

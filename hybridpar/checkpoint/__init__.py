@@ -8,19 +8,21 @@ renamed when every rank has finished.
 
 API: ``save_checkpoint(job, save_dir, step)``, ``load_checkpoint(job, path) -> step``,
 ``Checkpointer(CheckpointConfig(...), last_step)`` (a ``train()`` hook), ``resolve(path)``,
-``verify(step_dir)``, ``read_full_state(step_dir)`` (one-process tensors), ``inspect_resume``.
+``verify(step_dir)``, ``read_full_state(step_dir)`` (one-process tensors), ``inspect_resume``
+(the pre-launch check). Names load lazily: the pre-launch check does not import torch.
 """
-from .compat import check_compatible, layout_text
-from .files import CheckpointError, Manifest, read_manifest, resolve, verify
-from .hook import CheckpointConfig, Checkpointer
-from .preflight import inspect_resume
-from .reshard import CheckpointReader, read_full_state
+import importlib
 
-from .load import load_checkpoint
-from .save import save_checkpoint
+_WHERE = {
+    "CheckpointError": "files", "Manifest": "files", "read_manifest": "files", "resolve": "files", "verify": "files",
+    "check_compatible": "compat", "layout_text": "compat", "inspect_resume": "preflight",
+    "CheckpointConfig": "hook", "Checkpointer": "hook", "CheckpointReader": "reshard",
+    "read_full_state": "reshard", "load_checkpoint": "load", "save_checkpoint": "save",
+}
+__all__ = sorted(_WHERE)
 
-__all__ = [
-    "CheckpointConfig", "CheckpointError", "CheckpointReader", "Checkpointer", "Manifest", "check_compatible",
-    "inspect_resume", "layout_text", "load_checkpoint", "read_full_state", "read_manifest", "resolve",
-    "save_checkpoint", "verify",
-]
+
+def __getattr__(name):
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_WHERE[name]}", __name__), name)

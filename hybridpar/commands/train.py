@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 
+from ..checkpoint import cli as checkpoint_cli
 from ..errors import UsageError
 
 HELP = "train a recipe: --nproc N starts N local ranks; under torchrun it runs as one rank"
@@ -23,6 +24,7 @@ def add_arguments(p):
     p.add_argument("--steps", type=int, help="total optimizer steps of the run")
     p.add_argument("--seed", type=int, help="seed for weights and data")
     p.add_argument("--out", help="run directory for metrics.jsonl and plan.json (default runs/<recipe name>)")
+    checkpoint_cli.add_arguments(p)
 
 
 def _world(args) -> int:
@@ -47,7 +49,7 @@ def prepare(args):
         if value is not None and (value < 0 or (value == 0 and key not in ("zero", "seed"))):
             raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
     recipe = with_overrides(recipe, **flags)
-    return recipe.validate(_world(args))
+    return checkpoint_cli.apply(recipe.validate(_world(args)), args)
 
 
 def _quiet_libraries() -> None:
@@ -81,7 +83,8 @@ def run(args) -> int:
                 f" {plan.micro_batch} x {plan.grad_accum} per replica, {plan.precision}; writing {out}",
                 flush=True,
             )
-        train(recipe, out, print_fn=lambda line: print(line, flush=True))
+        say = lambda line: print(line, flush=True)  # noqa: E731
+        train(recipe, out, hooks=checkpoint_cli.hooks(recipe, args, say), print_fn=say)
     finally:
         shutdown()
     return 0
@@ -94,4 +97,4 @@ def _argv_of(args, out: str) -> list[str]:
         value = getattr(args, key)
         if value is not None:
             argv += [f"--{key.replace('_', '-')}", str(value)]
-    return argv + ["--out", out]
+    return argv + checkpoint_cli.argv(args) + ["--out", out]

@@ -1,0 +1,59 @@
+"""``hybridpar train``'s checkpoint flags: --save-dir, --save-every, --keep-last, --resume.
+
+Everything here runs before any process group exists (no torch import), so bad input is one
+line with exit code 2: a missing resume directory, no complete checkpoint in it, a checkpoint
+of another model or already at/after the last step, a missing or truncated file.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..errors import UsageError
+
+FLAGS = ("save_dir", "save_every", "keep_last", "resume")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--save-dir", help="save checkpoints into this directory (step-NNNNNN/, latest)")
+    p.add_argument("--save-every", type=int, help="save every N steps (and always after the last step)")
+    p.add_argument("--keep-last", type=int, help="keep only the newest K checkpoints (default: all)")
+    p.add_argument("--resume", help="continue from a checkpoint: a save directory (its latest) or one step-NNNNNN")
+
+
+def apply(recipe, args):
+    """The recipe with the checkpoint flags applied, and ``--resume`` checked against it."""
+    for key in ("save_every", "keep_last"):
+        value = getattr(args, key, None)
+        if value is not None and value < 0:
+            raise UsageError(f"--{key.replace('_', '-')} must be >= 0, got {value}")
+    changes = {k: getattr(args, k) for k in ("save_dir", "save_every", "keep_last") if getattr(args, k, None) is not None}
+    recipe = replace(recipe, checkpoint=replace(recipe.checkpoint, **changes)) if changes else recipe
+    if getattr(args, "resume", None):
+        from . import inspect_resume
+
+        _, step = inspect_resume(args.resume, recipe.to_plan_unresolved())
+        if step >= recipe.train.steps:
+            raise UsageError(f"checkpoint {args.resume} is at step {step}: nothing left to train with --steps {recipe.train.steps}")
+    return recipe
+
+
+def argv(args) -> list[str]:
+    """The flags again, for the ranks' command line."""
+    out = []
+    for key in FLAGS:
+        value = getattr(args, key, None)
+        if value is not None:
+            out += [f"--{key.replace('_', '-')}", str(value)]
+    return out
+
+
+def hooks(recipe, args, print_fn=print) -> list:
+    """The train() hooks for this run (none when it neither saves nor resumes)."""
+    c = recipe.checkpoint
+    resume = getattr(args, "resume", None)
+    if not c.save_dir and not resume:
+        return []
+    from .hook import CheckpointConfig, Checkpointer
+
+    config = CheckpointConfig(save_dir=c.save_dir, save_every=c.save_every, resume=resume, keep_last=c.keep_last)
+    return [Checkpointer(config, last_step=recipe.train.steps, recipe=recipe, print_fn=print_fn)]
