@@ -116,6 +116,18 @@ def test_the_reference_learns(runs):
     assert all(b < a for a, b in zip(losses, losses[1:])), losses
 
 
+def test_zero_partitions_optimizer_state_over_dp(runs):
+    """ZeRO 1 and 2 hold 1/DP of the AdamW moments per rank; ZeRO 0 holds all of them."""
+    _, _, par = runs
+    full = par["dp8_zero0"]["opt_state_numel_rank0"]
+    for name in ("dp8_zero1", "dp8_zero2"):
+        part = par[name]["opt_state_numel_rank0"]
+        assert full / 8 <= part <= full / 8 + 64, (name, part, full)
+    full_3d = par["tp2_pp2_dp2_zero0"]["opt_state_numel_rank0"]
+    part_3d = par["tp2_pp2_dp2_zero1"]["opt_state_numel_rank0"]
+    assert full_3d / 2 <= part_3d <= full_3d / 2 + 64, (part_3d, full_3d)
+
+
 def _events(base, name):
     return json.loads((base / "par" / f"{name}.events.json").read_text())
 

@@ -135,8 +135,11 @@ def run_layout(cfg, layout, recorder):
         lrs.append(m.lr)
         times.append(m.step_time_s)
     state = job.full_state_dict()
+    inner = job.engine.engine.optimizer
+    inner = getattr(inner, "optimizer", inner)  # ZeRO wraps the client torch optimizer
+    opt_numel = sum(s["exp_avg"].numel() for s in inner.state.values() if "exp_avg" in s)
     job.close()
-    return {"losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
+    return {"opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
 
 
 def main():
