@@ -21,8 +21,8 @@ Gradient-norm clipping is global over all TP/PP shards and equal to one-process 
 ZeRO-2 here: DeepSpeed reduces gradients in per-parameter hooks during backward, which breaks
 when an outside schedule runs several micro-batches (and DeepSpeed's own pipeline engine
 refuses ZeRO-2). hybridpar removes those hooks: gradients accumulate locally over the
-micro-batches, and at the step boundary every gradient is reduce-scattered once into its
-owner's partition (DeepSpeed's bucketed path), then the optimizer steps. Same math, one
+micro-batches, and at the step boundary every gradient is reduced once into its owner's DP
+partition (DeepSpeed's bucketed reduce-to-owner path: a reduce-scatter), then the optimizer steps. Same math, one
 reduction per step; the cost is a full gradient buffer during accumulation (as ZeRO-1).
 """
 from __future__ import annotations
