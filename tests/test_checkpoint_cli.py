@@ -71,30 +71,48 @@ def test_resume_trains_the_remaining_steps_and_appends_them(runs):
     assert sorted(os.listdir(base / "ckpt2")) == ["latest", "step-000006"]
 
 
-def _one_line_error(proc, *fragments):
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
-    for fragment in fragments:
-        assert fragment in lines[0], lines[0]
+def test_bad_resume_input_is_one_line_exit_2_before_any_process_group(runs, tmp_path, monkeypatch, capsys):
+    import torch.distributed as dist
 
+    from hybridpar import launch
+    from hybridpar.cli import main
 
-def test_bad_resume_input_is_one_line_exit_2(runs, tmp_path):
+    def forbidden(*a, **k):
+        raise AssertionError("a process group or a rank was started")
+
+    monkeypatch.setattr(dist, "init_process_group", forbidden)
+    monkeypatch.setattr(launch, "launch_local", forbidden)
+    monkeypatch.setattr(launch, "init_distributed", forbidden)
+    for key in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(key, raising=False)
     base, recipe, _, _ = runs
-    train = ("train", "--recipe", str(recipe), "--nproc", "2")
-    _one_line_error(hybridpar(*train, "--resume", str(tmp_path / "missing")), "missing", "does not exist")
-    (tmp_path / "empty").mkdir()
-    _one_line_error(hybridpar(*train, "--resume", str(tmp_path / "empty")), "no complete checkpoint")
     other = tmp_path / "other.yaml"
     other.write_text(RECIPE.replace("model: tiny", "model: tiny-deep"))
-    _one_line_error(hybridpar("train", "--recipe", str(other), "--nproc", "2", "--resume", str(base / "ckpt")),
-                    "another model", "layers 4 (checkpoint) vs 8 (this run)")
-    _one_line_error(hybridpar(*train, "--resume", str(base / "ckpt")), "at step 6", "nothing left")
-    _one_line_error(hybridpar(*train, "--save-every", "-1"), "--save-every must be >= 0")
+    (tmp_path / "empty").mkdir()
     damaged = tmp_path / "damaged"
     shutil.copytree(base / "ckpt" / "step-000004", damaged)
-    rank_file = damaged / "rank-00001.pt"
-    data = bytearray(rank_file.read_bytes())
+    data = bytearray((damaged / "rank-00001.pt").read_bytes())
     data[len(data) // 3] ^= 0xFF
-    rank_file.write_bytes(bytes(data))
-    _one_line_error(hybridpar(*train, "--resume", str(damaged)), "rank-00001.pt", "sha256")
+    (damaged / "rank-00001.pt").write_bytes(bytes(data))
+    truncated = tmp_path / "truncated"
+    shutil.copytree(base / "ckpt" / "step-000004", truncated)
+    with open(truncated / "rank-00000.pt", "r+b") as f:
+        f.truncate(100)
+    train = ["train", "--recipe", str(recipe), "--nproc", "2"]
+    cases = [
+        (train + ["--resume", str(tmp_path / "missing")], ["missing", "does not exist"]),
+        (train + ["--resume", str(tmp_path / "empty")], ["no complete checkpoint"]),
+        (["train", "--recipe", str(other), "--nproc", "2", "--resume", str(base / "ckpt")],
+         ["another model", "layers 4 (checkpoint) vs 8 (this run)"]),
+        (train + ["--resume", str(base / "ckpt")], ["at step 6", "nothing left"]),
+        (train + ["--save-every", "-1"], ["--save-every must be >= 0"]),
+        (train + ["--resume", str(damaged)], ["rank-00001.pt", "sha256"]),
+        (train + ["--resume", str(truncated)], ["rank-00000.pt has 100 bytes", "truncated"]),
+    ]
+    for argv, fragments in cases:
+        code = main(argv)
+        err = capsys.readouterr().err
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("hybridpar train: error: "), (argv, err)
+        for fragment in fragments:
+            assert fragment in lines[0], (fragment, lines[0])

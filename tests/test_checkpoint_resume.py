@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -70,12 +71,33 @@ def _jobs_other_layouts(a: Path, b: Path) -> list:
     ]
 
 
+def _damaged_copies(a: Path, base: Path) -> list:
+    """Checkpoints the ranks must refuse while loading (the pre-launch check is bypassed here):
+    one flipped bit, and a rank file from another step with a manifest rewritten to match it."""
+    from hybridpar.checkpoint.files import sha256_of
+
+    flipped, stray = base / "flipped", base / "stray"
+    shutil.copytree(a / "l1" / f"step-{N:06d}", flipped)
+    data = bytearray((flipped / "rank-00002.pt").read_bytes())
+    data[len(data) // 2] ^= 0x10
+    (flipped / "rank-00002.pt").write_bytes(bytes(data))
+    shutil.copytree(a / "l1" / f"step-{N:06d}", stray)
+    shutil.copy(a / "l1" / f"step-{2 * N:06d}" / "rank-00001.pt", stray / "rank-00001.pt")
+    manifest = json.loads((stray / "manifest.json").read_text())
+    manifest["files"]["rank-00001.pt"].update(bytes=(stray / "rank-00001.pt").stat().st_size,
+                                              sha256=sha256_of(str(stray / "rank-00001.pt")))
+    (stray / "manifest.json").write_text(json.dumps(manifest))
+    layout = {"tp": 2, "pp": 1, "dp": 2, "zero": 1}
+    return [{"name": name, "layout": layout, "load": str(path), "expect_error": True, "total_steps": 2 * N, "last": 2 * N}
+            for name, path in (("flipped", flipped), ("stray", stray))]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("checkpoint")
     a, b = base / "a", base / "b"
     same = _launch(8, _jobs_same_layout(a), a, timeout=600)
-    other = _launch(4, _jobs_other_layouts(a, b), b, timeout=600)
+    other = _launch(4, _jobs_other_layouts(a, b) + _damaged_copies(a, base), b, timeout=600)
     return a, b, same, other
 
 
@@ -139,3 +161,14 @@ def test_other_layout_loads_the_same_state(runs, job, resaved, original, straigh
     print(f"{job}: max loss difference to {straight} over steps {N + 1}..{2 * N}: {diff:.3g}")
     assert diff <= TOL, (losses, ref_losses)
     assert max(abs(x - y) for x, y in zip(norms, ref_norms)) <= 1e-4
+
+
+@pytest.mark.parametrize("name,expected", [("flipped", r"rank-00002\.pt fails its sha256 check"),
+                                           ("stray", r"rank-00001\.pt belongs to step 6")])
+def test_damaged_checkpoint_fails_every_rank_with_one_message(runs, name, expected):
+    import re
+
+    _, _, _, other = runs
+    errors = other[name]["errors"]
+    assert len(errors) == 4 and len(set(errors)) == 1, errors
+    assert re.search(expected, errors[0]) and "\n" not in errors[0], errors[0]

@@ -4,7 +4,8 @@ Usage: torchrun --nproc-per-node N tests/workers/checkpoint_worker.py CONFIG.jso
 CONFIG: {"out": DIR, "jobs": [JOB, ...]}, each JOB:
   name, layout {tp, pp, dp, vpp, zero, micro_batch}, tied (bool), total_steps (the LR schedule's length),
   first/last (the steps to train), load (checkpoint path or null), save_after_load (a save dir:
-  save right after loading, before training), save_dir + save_every (periodic saves).
+  save right after loading, before training), save_dir + save_every (periodic saves),
+  expect_error (load only, and report every rank's CheckpointError message).
 Each job builds a fresh Job (mesh, model, engine); rank 0 writes DIR/results.json:
 {name: {"losses": {step: loss}, "grad_norms": {...}, "resumed_from": step, "seconds": s}}.
 """
@@ -26,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from topology.models import ModelSpec  # noqa: E402
 from topology.plan import Plan  # noqa: E402
 
-from hybridpar.checkpoint import CheckpointConfig, Checkpointer, load_checkpoint, save_checkpoint  # noqa: E402
+from hybridpar.checkpoint import CheckpointConfig, CheckpointError, Checkpointer, load_checkpoint, save_checkpoint  # noqa: E402
 from hybridpar.data import SyntheticTokens  # noqa: E402
 from hybridpar.engine import OptimConfig  # noqa: E402
 from hybridpar.launch import init_distributed  # noqa: E402
@@ -53,6 +54,16 @@ def make_job(spec: dict) -> Job:
 def run_job(spec: dict) -> dict:
     job = make_job(spec)
     first, resumed = spec.get("first", 1), None
+    if spec.get("expect_error"):  # a damaged checkpoint: every rank must raise the same one-line error
+        try:
+            load_checkpoint(job, spec["load"])
+            message = None
+        except CheckpointError as err:
+            message = str(err)
+        messages = [None] * dist.get_world_size()
+        dist.all_gather_object(messages, message)
+        job.close()
+        return {"errors": messages}
     if spec.get("load"):
         resumed = load_checkpoint(job, spec["load"])
         first = resumed + 1
