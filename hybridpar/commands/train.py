@@ -49,7 +49,12 @@ def prepare(args):
         if value is not None and (value < 0 or (value == 0 and key not in ("zero", "seed"))):
             raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
     recipe = with_overrides(recipe, **flags)
-    return checkpoint_cli.apply(recipe.validate(_world(args)), args)
+    recipe = checkpoint_cli.apply(recipe.validate(_world(args)), args)
+    from ..data.preflight import check_data_source
+
+    d = recipe.data
+    check_data_source(d.source, model_vocab=recipe.model.vocab, path=d.path, tokenizer=d.tokenizer)
+    return recipe
 
 
 def _quiet_libraries() -> None:
