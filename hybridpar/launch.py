@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import uuid
@@ -72,12 +73,56 @@ def launch_local(nproc: int, argv: list[str]) -> int:
     try:
         elastic_launch(config, sys.executable)("-m", "hybridpar", *argv)
     except ChildFailedError as err:
-        failures = sorted(err.failures.items())
-        first_rank, first = failures[0]
-        print(
-            f"hybridpar: rank {first_rank} failed with exit code {first.exitcode}"
-            f" ({len(failures)} of {nproc} ranks failed); see its output above",
-            file=sys.stderr,
-        )
+        print(failure_summary(err.failures, nproc), file=sys.stderr, flush=True)
+        first = root_cause(err.failures)[1]
         return first.exitcode if isinstance(first.exitcode, int) and first.exitcode > 0 else 1
     return 0
+
+
+def root_cause(failures: dict) -> tuple:
+    """(rank, failure) that most likely started it: a rank killed by a signal other than the
+    agent's SIGTERM (the others then fail with lost-peer errors, exit code 1), else a rank that
+    exited non-zero by itself, the earliest first, then the lowest rank."""
+    def order(item):
+        rank, f = item
+        stopped = f.exitcode == -signal.SIGTERM  # the agent's own SIGTERM to the survivors
+        return (stopped, f.exitcode >= 0, f.timestamp, rank)
+
+    return min(failures.items(), key=order)
+
+
+def failure_summary(failures: dict, nproc: int) -> str:
+    """One line naming the failed rank: "rank 5 (pid 123) died: signal SIGKILL (...)"."""
+    rank, first = root_cause(failures)
+    if first.exitcode < 0:
+        what = f"died: signal {first.signal_name()}"
+    else:
+        what = f"failed with exit code {first.exitcode}"
+    others = len(failures) - 1
+    tail = f"{others} other rank(s) failed after it, the rest were stopped" if others else "the other ranks were stopped"
+    return f"hybridpar: rank {rank} (pid {first.pid}) {what} ({tail}; {nproc} ranks in all); see its output above"
+
+
+def is_lost_peer(err: BaseException) -> bool:
+    """A collective failed because a peer died or timed out: torch's DistError, or the plain
+    RuntimeError that gloo's TCP transport raises ("Connection reset by peer", "Timed out")."""
+    import torch.distributed as dist
+
+    if isinstance(err, dist.DistError):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("gloo" in text or "NCCL" in text) and (
+        "onnection" in text or "imed out" in text or "peer" in text)
+
+
+def lost_peer(err: BaseException) -> None:
+    """A collective failed because a peer died or stopped answering: say so in one line and exit
+    at once (the process group is unusable; a barrier in shutdown would only wait for the timeout)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
+    first = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+    print(f"hybridpar: rank {rank} (pid {os.getpid()}): lost contact with a peer rank, stopping: {first}",
+          file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)

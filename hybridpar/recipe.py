@@ -100,8 +100,17 @@ class CheckpointSection:
     keep_last: int = 0  # 0: keep every checkpoint
 
 
+@dataclass(frozen=True)
+class ReliabilitySection:
+    """Failure handling (hybridpar.reliability_cli); ``--timeout-s``/``--check-replicas``/``--on-drift`` override."""
+
+    timeout_s: int = 600  # process-group timeout: a stuck collective fails after this long
+    check_replicas: int = 0  # every N steps, check DP replicas are bit-identical (0: never)
+    on_drift: str = "stop"  # stop (exit 3) | warn
+
+
 SECTIONS = {"parallel": ParallelSection, "train": TrainSection, "data": DataSection, "cluster": ClusterSection,
-            "checkpoint": CheckpointSection}
+            "checkpoint": CheckpointSection, "reliability": ReliabilitySection}
 TOP_KEYS = ("name", "model", *SECTIONS)
 
 
@@ -114,6 +123,7 @@ class Recipe:
     data: DataSection = field(default_factory=DataSection)
     cluster: ClusterSection = field(default_factory=ClusterSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    reliability: ReliabilitySection = field(default_factory=ReliabilitySection)
 
     # --- derived ------------------------------------------------------------------------
     def model_parallel_size(self) -> int:
@@ -190,6 +200,9 @@ class Recipe:
         for key in ("save_every", "keep_last"):
             if getattr(self.checkpoint, key) < 0:
                 out.append(f"checkpoint.{key} must be >= 0, got {getattr(self.checkpoint, key)}")
+        rel = self.reliability
+        if rel.timeout_s < 1 or rel.check_replicas < 0 or rel.on_drift not in ("stop", "warn"):
+            out.append(f"reliability: timeout_s must be >= 1, check_replicas >= 0, on_drift stop or warn; got {rel}")
         if self.data.source == "indexed" and not self.data.path:
             out.append("data.source indexed needs data.path (the .bin/.idx prefix)")
         if not out:

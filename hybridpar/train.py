@@ -9,8 +9,9 @@ Extension points (issue 4):
 - data: ``recipe.data.build(...)`` returns any object with the ``hybridpar.data`` batch
   contract (``global_batch(step)`` -> LongTensor [global_batch, seq_len + 1]);
 - hooks: ``train(..., hooks=[...])`` calls ``hook.on_start(job, first_step)`` once (a checkpoint
-  loader returns the step to resume from), and ``hook.on_step(job, metrics)`` after every step
-  (checkpoint saving, replica hashing, extra metrics).
+  loader returns the step to resume from), ``hook.on_step_begin(job, step)`` before every step
+  (fault injection), and ``hook.on_step(job, metrics)`` after every step (checkpoint saving,
+  replica hashing, extra metrics).
 """
 from __future__ import annotations
 
@@ -163,6 +164,9 @@ def train(recipe, out_dir: str | None, hooks=(), print_fn=print) -> list[StepMet
         metrics_path = os.path.join(out_dir, "metrics.jsonl")
     history = []
     for step in range(first, recipe.train.steps + 1):
+        for hook in hooks:
+            if hasattr(hook, "on_step_begin"):
+                hook.on_step_begin(job, step)
         m = job.train_step(step)
         history.append(m)
         if rank0:

@@ -2,7 +2,9 @@
 from __future__ import annotations
 
 import os
+import sys
 
+from .. import reliability_cli
 from ..checkpoint import cli as checkpoint_cli
 from ..errors import UsageError
 
@@ -25,6 +27,7 @@ def add_arguments(p):
     p.add_argument("--seed", type=int, help="seed for weights and data")
     p.add_argument("--out", help="run directory for metrics.jsonl and plan.json (default runs/<recipe name>)")
     checkpoint_cli.add_arguments(p)
+    reliability_cli.add_arguments(p)
 
 
 def _world(args) -> int:
@@ -49,6 +52,7 @@ def prepare(args):
         if value is not None and (value < 0 or (value == 0 and key not in ("zero", "seed"))):
             raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
     recipe = with_overrides(recipe, **flags)
+    recipe = reliability_cli.apply(recipe, args)
     recipe = checkpoint_cli.apply(recipe.validate(_world(args)), args)
     from ..data.preflight import check_data_source
 
@@ -73,10 +77,12 @@ def run(args) -> int:
     if args.nproc is not None and args.nproc > 1 and not under_launcher():
         return launch_local(args.nproc, ["train", *_argv_of(args, out)])
     _quiet_libraries()
-    from ..launch import init_distributed, shutdown
+    from ..launch import init_distributed, is_lost_peer, lost_peer, shutdown
+    from ..replicas import ReplicaDriftError
     from ..train import train
 
-    init_distributed()
+    init_distributed(timeout_s=recipe.reliability.timeout_s)
+    code = 0
     try:
         import torch.distributed as dist
 
@@ -89,10 +95,19 @@ def run(args) -> int:
                 flush=True,
             )
         say = lambda line: print(line, flush=True)  # noqa: E731
-        train(recipe, out, hooks=checkpoint_cli.hooks(recipe, args, say), print_fn=say)
+        hooks = reliability_cli.hooks(recipe, say) + checkpoint_cli.hooks(recipe, args, say)
+        train(recipe, out, hooks=hooks, print_fn=say)
+    except ReplicaDriftError as err:
+        if dist.get_rank() == 0:
+            print(f"hybridpar train: error: {err}", file=sys.stderr, flush=True)
+        code = 3
+    except Exception as err:
+        if is_lost_peer(err):
+            lost_peer(err)  # does not return: the process group is unusable, a barrier would fail or hang
+        raise
     finally:
         shutdown()
-    return 0
+    return code
 
 
 def _argv_of(args, out: str) -> list[str]:
@@ -102,4 +117,4 @@ def _argv_of(args, out: str) -> list[str]:
         value = getattr(args, key)
         if value is not None:
             argv += [f"--{key.replace('_', '-')}", str(value)]
-    return argv + checkpoint_cli.argv(args) + ["--out", out]
+    return argv + checkpoint_cli.argv(args) + reliability_cli.argv(args) + ["--out", out]
