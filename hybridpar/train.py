@@ -11,7 +11,9 @@ Extension points (issue 4):
 - hooks: ``train(..., hooks=[...])`` calls ``hook.on_start(job, first_step)`` once (a checkpoint
   loader returns the step to resume from), ``hook.on_step_begin(job, step)`` before every step
   (fault injection), and ``hook.on_step(job, metrics)`` after every step (checkpoint saving,
-  replica hashing, extra metrics).
+  replica hashing, extra metrics);
+  ``hook.step_record(job, metrics)`` returns ``(extra keys, text)`` for metrics.jsonl and the
+  step line (hybridpar.metrics.StepMonitor: FLOP/s, MFU, predicted step time).
 """
 from __future__ import annotations
 
@@ -169,10 +171,16 @@ def train(recipe, out_dir: str | None, hooks=(), print_fn=print) -> list[StepMet
                 hook.on_step_begin(job, step)
         m = job.train_step(step)
         history.append(m)
+        record, line = asdict(m), format_step(m, recipe.train.steps)
+        for hook in hooks:
+            if hasattr(hook, "step_record"):  # extra metrics.jsonl keys and step-line text (metrics.StepMonitor)
+                extra, text = hook.step_record(job, m)
+                record.update(extra)
+                line += text
         if rank0:
-            print_fn(format_step(m, recipe.train.steps))
+            print_fn(line)
             if metrics_path:
-                _append_line(metrics_path, asdict(m))
+                _append_line(metrics_path, record)
         for hook in hooks:
             if hasattr(hook, "on_step"):
                 hook.on_step(job, m)
