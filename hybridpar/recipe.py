@@ -9,6 +9,7 @@ train: {global_batch: 16, seq_len: 32, steps: 5, lr: 3.0e-3, min_lr: 3.0e-4, war
 data: {source: synthetic}   # or {source: embedded, tokenizer: byte} / {source: indexed, path: PREFIX}
 cluster: {gpu: h100-80gb, gpus_per_node: 8}
 checkpoint: {save_dir: ckpt/tiny, save_every: 50, keep_last: 0}   # hybridpar.checkpoint
+generate: {prompt: "Ham.\n", tokens: 200, temperature: 0.0}    # a sample after the last step (hybridpar.generate)
 ```
 
 Every section and key is optional except ``model`` and ``train.global_batch``/``seq_len``;
@@ -109,8 +110,26 @@ class ReliabilitySection:
     on_drift: str = "stop"  # stop (exit 3) | warn
 
 
+@dataclass(frozen=True)
+class GenerateSection:
+    """A text sample from the trained model after the last step (hybridpar.generate);
+    ``--sample-prompt``/``--sample-tokens`` override."""
+
+    prompt: str = ""
+    tokens: int = 0  # 0: no sample
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: whole vocabulary
+    seed: int = 0
+
+    def config(self):
+        from .generate import SampleConfig
+
+        return SampleConfig(prompt=self.prompt, tokens=self.tokens, temperature=self.temperature, top_k=self.top_k,
+                            seed=self.seed)
+
+
 SECTIONS = {"parallel": ParallelSection, "train": TrainSection, "data": DataSection, "cluster": ClusterSection,
-            "checkpoint": CheckpointSection, "reliability": ReliabilitySection}
+            "checkpoint": CheckpointSection, "reliability": ReliabilitySection, "generate": GenerateSection}
 TOP_KEYS = ("name", "model", *SECTIONS)
 
 
@@ -124,6 +143,7 @@ class Recipe:
     cluster: ClusterSection = field(default_factory=ClusterSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     reliability: ReliabilitySection = field(default_factory=ReliabilitySection)
+    generate: GenerateSection = field(default_factory=GenerateSection)
 
     # --- derived ------------------------------------------------------------------------
     def model_parallel_size(self) -> int:
@@ -203,6 +223,9 @@ class Recipe:
         rel = self.reliability
         if rel.timeout_s < 1 or rel.check_replicas < 0 or rel.on_drift not in ("stop", "warn"):
             out.append(f"reliability: timeout_s must be >= 1, check_replicas >= 0, on_drift stop or warn; got {rel}")
+        g = self.generate
+        if g.tokens < 0 or g.temperature < 0 or g.top_k < 0:
+            out.append(f"generate: tokens, temperature and top_k must be >= 0; got {g}")
         if self.data.source == "indexed" and not self.data.path:
             out.append("data.source indexed needs data.path (the .bin/.idx prefix)")
         if not out:
