@@ -14,7 +14,6 @@ embedding group, and the TP sum of sequence-parallel norm-weight gradients.
 """
 from __future__ import annotations
 
-from functools import partial
 
 import torch
 import torch.distributed as dist

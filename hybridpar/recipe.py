@@ -21,7 +21,6 @@ Extension points: a new section is one dataclass in ``SECTIONS``; data sources a
 """
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Optional, Union, get_args, get_origin, get_type_hints

@@ -15,14 +15,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from multirank import run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "workers" / "checkpoint_worker.py"
 N = 3
 TOL = 1e-5
 
@@ -32,14 +30,7 @@ TIED = {"tp": 2, "pp": 2, "dp": 2, "vpp": 2, "zero": 1}
 
 
 def _launch(nproc: int, jobs: list, out: Path, timeout: int) -> dict:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps({"out": str(out), "jobs": jobs}))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(WORKER), str(out / "config.json")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads((out / "results.json").read_text())
+    return run_worker("checkpoint_worker.py", nproc, {"jobs": jobs}, out, timeout)
 
 
 def _jobs_same_layout(base: Path) -> list:

@@ -10,15 +10,12 @@ after every step.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from multirank import run_worker
 
 ROOT = Path(__file__).resolve().parents[1]
-WORKER = ROOT / "tests" / "workers" / "runtime_worker.py"
 STEPS = 5
 TOL = 1e-5
 
@@ -53,15 +50,7 @@ WEIGHT_MAX = 1e-4
 
 
 def _torchrun(nproc: int, cfg: dict, out: Path, timeout: int):
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = dict(cfg, out=str(out), steps=STEPS, lr=LR)
-    (out / "config.json").write_text(json.dumps(cfg))
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(WORKER), str(out / "config.json")]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return json.loads((out / "results.json").read_text())
+    return run_worker("runtime_worker.py", nproc, dict(cfg, steps=STEPS, lr=LR), out, timeout)
 
 
 @pytest.fixture(scope="module")

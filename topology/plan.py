@@ -6,7 +6,7 @@ directory is one, serialised.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 
 from .layout import DEFAULT_ORDER, RankLayout
 from .models import ModelSpec, model_from_dict

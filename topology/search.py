@@ -158,7 +158,7 @@ def _layout_problems(plan: Plan, gpus: int, per_node: int) -> list[str]:
 
 
 def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, result: SearchResult) -> None:
-    m, sw, cap = req.model, req.software, gpu.memory_bytes
+    m, cap = req.model, gpu.memory_bytes
     reject = lambda reason, need=0.0: result.rejected.append(Rejected(tp, pp, cp, dp, reason, need))
     if req.global_batch % dp:
         return reject(f"global batch {req.global_batch} not divisible by dp {dp}")

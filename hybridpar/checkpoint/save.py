@@ -17,7 +17,6 @@ import shutil
 import uuid
 from dataclasses import asdict
 
-import torch
 import torch.distributed as dist
 
 from ..model import canonical_params

@@ -31,6 +31,7 @@ from hybridpar.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
 from hybridpar.data import SyntheticTokens  # noqa: E402
 from hybridpar.engine import OptimConfig  # noqa: E402
 from hybridpar.launch import init_distributed  # noqa: E402
+from results_io import finish  # noqa: E402
 from hybridpar.train import Job  # noqa: E402
 
 # 8 query heads over 4 KV heads: TP 1, 2 and 4 all divide it.
@@ -90,13 +91,7 @@ def main():
         results[spec["name"]]["seconds"] = time.perf_counter() - start
         if dist.get_rank() == 0:
             print(f"job {spec['name']}: {time.perf_counter() - start:.1f} s", flush=True)
-    if dist.get_rank() == 0:
-        tmp = os.path.join(cfg["out"], "results.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(results, f, indent=1)
-        os.replace(tmp, os.path.join(cfg["out"], "results.json"))
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(cfg["out"], results)
 
 
 if __name__ == "__main__":

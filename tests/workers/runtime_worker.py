@@ -9,8 +9,6 @@ Rank 0 writes DIR/results.json and DIR/<name>.pt (the full gathered weights).
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import json
 import os
 import sys
@@ -28,9 +26,11 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from topology.models import ModelSpec  # noqa: E402
 from topology.plan import Plan  # noqa: E402
 
+from hybridpar.comm_trace import Recorder  # noqa: E402  (shared with benchmarks/comm.py)
 from hybridpar.data import SyntheticTokens  # noqa: E402
 from hybridpar.engine import OptimConfig  # noqa: E402
 from hybridpar.launch import init_distributed  # noqa: E402
+from results_io import finish  # noqa: E402
 from hybridpar.mesh import replica_hash  # noqa: E402
 from hybridpar.train import Job  # noqa: E402
 
@@ -63,51 +63,6 @@ class FixedBatch:
 
     def global_batch(self, step):
         return self.batch
-
-
-# --- recording collectives ---------------------------------------------------------------
-COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
-               "broadcast", "reduce", "all_to_all", "all_to_all_single", "all_gather_object", "barrier")
-P2P = ("isend", "irecv", "send", "recv")
-
-
-class Recorder:
-    def __init__(self):
-        self.events, self.active, self.saved = [], False, {}
-
-    def install(self):
-        from torch.distributed import distributed_c10d as c10d
-
-        for name in COLLECTIVES + P2P:
-            if hasattr(dist, name):
-                orig = getattr(dist, name)
-                self.saved[name] = orig
-                wrapped = self._wrap(name, orig)
-                setattr(dist, name, wrapped)
-                setattr(c10d, name, wrapped)  # P2POp checks its op against c10d's own isend/irecv
-
-    def _wrap(self, name, orig):
-        sig = inspect.signature(orig)
-
-        @functools.wraps(orig)
-        def wrapper(*args, **kwargs):
-            if self.active:
-                bound = sig.bind_partial(*args, **kwargs)
-                group = bound.arguments.get("group")
-                ranks = dist.get_process_group_ranks(group) if group is not None else list(range(dist.get_world_size()))
-                event = {"op": name, "group": sorted(ranks)}
-                tensor = next((v for v in bound.arguments.values() if isinstance(v, torch.Tensor)), None)
-                event["numel"] = int(tensor.numel()) if tensor is not None else 0
-                for key in ("dst", "src", "group_dst", "group_src"):
-                    if bound.arguments.get(key) is not None and name in P2P:
-                        peer = bound.arguments[key]
-                        if key.startswith("group_"):
-                            peer = ranks[peer]
-                        event["peer"] = int(peer)
-                self.events.append(event)
-            return orig(*args, **kwargs)
-
-        return wrapper
 
 
 def run_layout(cfg, layout, recorder):
@@ -162,13 +117,7 @@ def main():
         results[layout["name"]] = result
         if dist.get_rank() == 0:
             print(f"layout {layout['name']}: {time.perf_counter() - start:.1f} s", flush=True)
-    if dist.get_rank() == 0:
-        tmp = os.path.join(cfg["out"], "results.json.tmp")
-        with open(tmp, "w") as f:
-            json.dump(results, f, indent=1)
-        os.replace(tmp, os.path.join(cfg["out"], "results.json"))
-    dist.barrier()
-    dist.destroy_process_group()
+    finish(cfg["out"], results)
 
 
 if __name__ == "__main__":
