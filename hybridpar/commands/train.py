@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .. import reliability_cli
+from .. import reliability_cli, watch_cli
 from ..checkpoint import cli as checkpoint_cli
 from ..errors import UsageError
 
@@ -28,6 +28,7 @@ def add_arguments(p):
     p.add_argument("--out", help="run directory for metrics.jsonl and plan.json (default runs/<recipe name>)")
     checkpoint_cli.add_arguments(p)
     reliability_cli.add_arguments(p)
+    watch_cli.add_arguments(p)
 
 
 def _world(args) -> int:
@@ -52,7 +53,7 @@ def prepare(args):
         if value is not None and (value < 0 or (value == 0 and key not in ("zero", "seed"))):
             raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
     recipe = with_overrides(recipe, **flags)
-    recipe = reliability_cli.apply(recipe, args)
+    recipe = watch_cli.apply(reliability_cli.apply(recipe, args), args)
     recipe = checkpoint_cli.apply(recipe.validate(_world(args)), args)
     from ..data.preflight import check_data_source
 
@@ -94,8 +95,10 @@ def run(args) -> int:
                 f" {plan.micro_batch} x {plan.grad_accum} per replica, {plan.precision}; writing {out}",
                 flush=True,
             )
-        say = lambda line: print(line, flush=True)  # noqa: E731
+        monitor = watch_cli.monitor(recipe, args, out)
+        say = monitor.write  # print(..., flush=True), through tqdm when rank 0 shows a bar
         hooks = reliability_cli.hooks(recipe, say) + checkpoint_cli.hooks(recipe, args, say)
+        hooks += watch_cli.hooks(monitor, recipe, out)
         train(recipe, out, hooks=hooks, print_fn=say)
     except ReplicaDriftError as err:
         if dist.get_rank() == 0:
@@ -117,4 +120,4 @@ def _argv_of(args, out: str) -> list[str]:
         value = getattr(args, key)
         if value is not None:
             argv += [f"--{key.replace('_', '-')}", str(value)]
-    return argv + checkpoint_cli.argv(args) + reliability_cli.argv(args) + ["--out", out]
+    return argv + checkpoint_cli.argv(args) + reliability_cli.argv(args) + watch_cli.argv(args) + ["--out", out]
