@@ -121,8 +121,10 @@ def lost_peer(err: BaseException) -> None:
     import torch.distributed as dist
 
     rank = dist.get_rank() if dist.is_initialized() else os.environ.get("RANK", "?")
-    first = (str(err).strip().splitlines() or [type(err).__name__])[-1]
-    print(f"hybridpar: rank {rank} (pid {os.getpid()}): lost contact with a peer rank, stopping: {first}",
+    text = (str(err).strip().splitlines() or [type(err).__name__])[-1]
+    text = text.split("] ", 1)[-1] if text.startswith("[") else text  # gloo's "[file.cc:537] " prefix
+    text = text.split(". This is typically", 1)[0]
+    print(f"hybridpar train: rank {rank} (pid {os.getpid()}) lost contact with a peer, stopping: {text}",
           file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(1)
