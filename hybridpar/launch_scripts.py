@@ -54,7 +54,7 @@ def node_commands(spec: LaunchSpec) -> str:
         "# Run the same command on every node (any order); set HEAD_NODE to one node's address.",
         "# c10d rendezvous numbers the nodes as they join: node k gets ranks "
         f"k*{spec.gpus_per_node} .. k*{spec.gpus_per_node}+{spec.gpus_per_node - 1}.",
-        "export HEAD_NODE=${HEAD_NODE:?set HEAD_NODE to the first node's address}",
+        "export HEAD_NODE=${HEAD_NODE:?set HEAD_NODE to the address of the first node}",
         spec.torchrun_command(),
         "",
         "# What each node holds (DP outermost):",
