@@ -1,0 +1,67 @@
+"""One-process worker for tests/test_generate.py: megatron's logits vs hybridpar.llama_ref's.
+
+Usage: python tests/workers/llama_ref_worker.py OUT.json
+For the tiny GQA model (4 heads, 2 KV groups), untied and tied embeddings: build a 1-rank Job
+(megatron-core GPTModel), push the weights far from their initialisation (matrices x 10, norm
+weights randomised: sharp attention, so a wrong head/group/RoPE layout shows), run megatron's
+forward on random tokens, gather the canonical weights and run LlamaReference on them. Writes
+{case: {"max_diff", "max_logit", "rope_control_diff"}}; the control runs the reference with the
+wrong RoPE base, to show the comparison can tell models apart.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import warnings
+
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from topology.models import PRESETS  # noqa: E402
+from topology.plan import Plan  # noqa: E402
+
+from hybridpar.engine import OptimConfig  # noqa: E402
+from hybridpar.launch import init_distributed, shutdown  # noqa: E402
+from hybridpar.llama_ref import LlamaReference, RefOptions  # noqa: E402
+from hybridpar.train import Job  # noqa: E402
+
+
+def compare(tied: bool, seq: int = 24) -> dict:
+    spec = PRESETS["tiny"]
+    job = Job(Plan(model=spec, seq_len=seq, global_batch=2, precision="fp32"), OptimConfig(), source=None, seed=7, tied=tied)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in job.chunks[0].parameters():
+            if p.dim() == 2:
+                p.mul_(10)
+            else:
+                p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+    tokens = torch.randint(0, spec.vocab, (2, seq), generator=gen)
+    positions = torch.arange(seq).unsqueeze(0).expand_as(tokens)
+    with torch.no_grad():
+        megatron = job.chunks[0](tokens, positions, None).float()
+    weights = job.full_state_dict()
+    job.close()
+    ref = LlamaReference(spec, weights, tied=tied).logits(tokens)
+    wrong = LlamaReference(spec, weights, RefOptions(rope_base=500000.0), tied=tied).logits(tokens)
+    return {"max_diff": float((megatron - ref).abs().max()), "max_logit": float(megatron.abs().max()),
+            "rope_control_diff": float((megatron - wrong).abs().max()), "shape": list(megatron.shape),
+            "params": sorted(weights)}
+
+
+def main() -> None:
+    init_distributed()
+    try:
+        results = {"untied": compare(False), "tied": compare(True)}
+    finally:
+        shutdown()
+    with open(sys.argv[1], "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":
+    main()
