@@ -1,0 +1,42 @@
+"""hybridpar.metrics without a GPU: device names to catalogue peaks, MFU, the planner's prediction."""
+import pytest
+
+from hybridpar.metrics import Yardstick, catalogue_gpu, step_text, yardstick
+from topology.cost import model_flops_per_seq
+from topology.models import PRESETS
+from topology.plan import Plan
+from topology.search import evaluate
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("NVIDIA H100 80GB HBM3", "h100-80gb"), ("NVIDIA H200", "h200-141gb"), ("NVIDIA H800", "h800-80gb"),
+    ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("Tesla V100-SXM2-16GB", None),
+])
+def test_device_names(name, expected):
+    assert catalogue_gpu(name) == expected
+
+
+def test_mfu_against_the_device_peak_on_a_known_gpu():
+    plan = Plan(model=PRESETS["llama3-8b"], seq_len=8192, global_batch=64, dp=8, precision="bf16")
+    y = yardstick(plan, cuda=True, device_name="NVIDIA H100 80GB HBM3")
+    assert y.device == "h100-80gb" and y.peak_tflops == 989.0
+    assert y.flops_per_step == pytest.approx(64 * model_flops_per_seq(plan.model, 8192))
+    assert y.predicted_step_time_s == pytest.approx(evaluate(plan).cost.step_time_s)
+    r = y.step_record(y.predicted_step_time_s)
+    # measured == predicted step time: the planner's own TFLOP/s and MFU come back
+    assert r["tflops_per_gpu"] == pytest.approx(evaluate(plan).cost.tflops_per_gpu)
+    assert r["mfu"] == pytest.approx(evaluate(plan).cost.mfu)
+    assert "MFU" in step_text(r) and "TFLOP/s/gpu" in step_text(r)
+
+
+def test_no_mfu_on_cpu_or_unknown_gpu_and_fp32_predicted_as_bf16():
+    plan = Plan(model=PRESETS["tiny"], seq_len=64, global_batch=64, tp=2, pp=2, dp=2, micro_batch=16, precision="fp32")
+    for kwargs in (dict(cuda=False), dict(cuda=True, device_name="Tesla V100-SXM2-16GB")):
+        y = yardstick(plan, **kwargs)
+        assert y.peak_tflops is None and y.step_record(0.5)["mfu"] is None
+        assert y.predicted_on == "h100-80gb bf16"
+        assert y.predicted_step_time_s == pytest.approx(evaluate(plan.with_(precision="bf16")).cost.step_time_s)
+    r = Yardstick(1e9, 8, "cpu", None, None, "h100-80gb bf16").step_record(0.5)
+    assert r["flops_per_s"] == 2e9 and r["tflops_per_gpu"] == pytest.approx(2e9 / 8 / 1e12)
+    assert r["mfu"] is None and r["predicted_step_time_s"] is None
+    assert "MFU" not in step_text(r) and "GFLOP/s/rank" in step_text(r)
