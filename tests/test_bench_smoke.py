@@ -1,0 +1,121 @@
+"""Fast checks of the benchmark suite (issue 5): the list, and the pure-Python predictions the
+benchmarks print beside their measurements. Benchmarks themselves are not run or timed here."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from topology.cost import LINK_EFFICIENCY, step_cost
+from topology.hardware import get_gpu
+from topology.models import load_model
+from topology.plan import Plan
+from topology.software import HYBRIDPAR
+from topology.stages import params_per_rank, stages
+from topology.traffic import cost_model_bytes, dp_ring_lower_bound, runtime_bytes
+
+ROOT = Path(__file__).resolve().parents[1]
+NEW = {"comm", "memory", "overhead", "throughput", "gpu"}
+
+
+def test_bench_list_names_every_benchmark():
+    out = subprocess.run([sys.executable, "-m", "hybridpar", "bench", "--list"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    listed = {line.split()[0]: line for line in out.stdout.splitlines() if line.strip()}
+    assert NEW | {"planner_speed", "scaling"} <= set(listed)
+    assert not any(name.startswith("_") for name in listed)
+    for name in NEW:  # the docstring's first line is shown
+        assert len(listed[name].split(None, 1)[1]) > 20
+
+
+def _tiny_3d(**kw) -> Plan:
+    return Plan(model=load_model("tiny"), seq_len=32, global_batch=16, tp=2, pp=2, dp=2, micro_batch=2,
+                zero_stage=1, precision="fp32", **kw)
+
+
+def test_runtime_bytes_match_the_counts_recorded_on_tiny_tp2_pp2_dp2():
+    """Per rank and step, fp32: 4 micro-batches of 2 x 32 tokens x 64 x 4 B = 16,384 B each."""
+    plan = _tiny_3d()
+    first, last = runtime_bytes(plan, 0), runtime_bytes(plan, 1)
+    act = 2 * 32 * 64 * 4
+    assert first["tp"].wire_bytes == 4 * (2 * 4 + 1) * act  # 2 layers x 4 all-reduces + embedding
+    assert first["tp"].calls == 36
+    # last stage: + output-layer input gradient + 3 cross-entropy all-reduces of 64 fp32 values
+    assert last["tp"].wire_bytes == 4 * ((2 * 4 + 1) * act + 3 * 64 * 4)
+    assert first["pp"].wire_bytes == 4 * act and first["pp"].calls == 8
+    n = params_per_rank(plan, stages(plan)[0])
+    assert n == 56576  # what the recorded run's first stage holds
+    assert first["dp"].wire_bytes == pytest.approx(1.0 * n * 4 + 0.5 * n * 4)  # all-reduce + all-gather
+    assert runtime_bytes(plan, 0, bucket_allreduce=False)["dp"].wire_bytes == pytest.approx(n * 4)
+    z0 = runtime_bytes(replace(plan, zero_stage=0), 0)["dp"].wire_bytes
+    assert z0 == pytest.approx(dp_ring_lower_bound(n, 2, 4))
+    sp = runtime_bytes(replace(plan, sequence_parallel=True), 0)
+    assert sp["pp"].wire_bytes == 2 * act  # sequence parallel sends 1/tp of the activations
+    assert sp["tp"].calls == 4 * (2 * 10 + 1)
+
+
+def test_cost_model_bytes_give_back_cost_py_seconds():
+    """The bytes are the planner's: divided by the link bandwidth they are step_cost's terms."""
+    sw = replace(HYBRIDPAR, overlap_dp=False)
+    plan = Plan(model=load_model("llama3-8b"), seq_len=8192, global_batch=32, tp=2, pp=2, dp=2, micro_batch=1,
+                zero_stage=1)
+    cost, bytes_ = step_cost(plan, sw=sw), cost_model_bytes(plan, sw=sw)
+    bw = get_gpu(plan.gpu).nvlink_gbps * 1e9 * LINK_EFFICIENCY
+    assert bytes_["tp"].wire_bytes / bw == pytest.approx(cost.tp_s, rel=1e-9)
+    assert bytes_["pp"].wire_bytes / bw == pytest.approx(cost.pp_s, rel=1e-9)
+    assert bytes_["dp"].wire_bytes / bw == pytest.approx(cost.dp_s, rel=1e-9)
+    z2 = replace(plan, zero_stage=2)  # cost.py reduce-scatters ZeRO-2 gradients every micro-batch
+    assert cost_model_bytes(z2, sw=sw)["dp"].wire_bytes / bw == pytest.approx(step_cost(z2, sw=sw).dp_s, rel=1e-9)
+
+
+def test_recorder_sizes_follow_ring_algorithms():
+    import torch
+
+    from hybridpar.comm_trace import group_kind, sizes
+
+    t = torch.zeros(100)
+    assert sizes("all_reduce", {"tensor": t}, 4) == (400, 600.0)
+    assert sizes("all_gather", {"tensor_list": [t] * 4, "tensor": t}, 4) == (1600, 1200.0)
+    assert sizes("reduce_scatter_tensor", {"output": torch.zeros(25), "input": t}, 4) == (400, 300.0)
+    assert sizes("isend", {"tensor": t, "dst": 1}, 2) == (400, 400.0)
+    assert sizes("irecv", {"tensor": t, "src": 1}, 2) == (400, 0.0)
+    members = {"tp": [0, 1], "pp": [0, 2], "dp": [0, 4], "mp": [0, 1, 2, 3]}
+    assert group_kind([2, 0], members, 8) == "pp"
+    assert group_kind(list(range(8)), members, 8) == "world"
+
+
+def test_memory_model_restated_for_fp32():
+    from benchmarks.memory import planner_rows
+
+    n = 1000
+    z0, z1 = planner_rows(n, 4, 0), planner_rows(n, 4, 1)
+    assert z0["planner_fp32"] == {"weights": 4 * n, "grads": 4 * n, "optimizer": 8 * n}
+    assert z1["planner_fp32"]["optimizer"] == 12 * n / 4 == z1["planner_bf16"]["optimizer"]
+    assert planner_rows(n, 4, 2)["planner_bf16"]["grads"] == 2 * n / 4
+
+
+def test_paired_ratios_and_spread():
+    from benchmarks._dist import spread
+    from benchmarks.overhead import paired
+
+    times = {"a": [1.1, 2.2, 3.3, 1.1, 1.0], "b": [1.0, 2.0, 3.0, 1.0, 1.0]}
+    r = paired(times, "a", "b")
+    assert r["median"] == pytest.approx(1.1) and r["rounds"] == 5 and r["min"] == pytest.approx(1.0)
+    assert spread([3.0, 1.0, 2.0])["median"] == 2.0
+
+
+def test_gpu_benchmark_model_is_about_1b_and_planned():
+    from benchmarks.gpu import MODEL, RUNTIME_SOFTWARE, catalogue_name, make_plan
+
+    plan = make_plan("h200-141gb", 2048, 2, 16)
+    assert not plan.violations()
+    assert 1.0e9 < params_per_rank(plan, stages(plan)[0]) < 1.15e9
+    assert catalogue_name("NVIDIA H200", 140) == "h200-141gb"
+    assert catalogue_name("NVIDIA A100-SXM4-40GB", 40) == "a100-40gb"
+    # the runtime's unfused attention is predicted slower than the planner's FlashAttention default
+    assert step_cost(plan, sw=RUNTIME_SOFTWARE).step_time_s > step_cost(plan).step_time_s
+    assert MODEL.heads % MODEL.kv_heads == 0
