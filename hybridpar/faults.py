@@ -4,8 +4,9 @@ Test-only: nothing happens unless the environment variable ``HYBRIDPAR_FAULT`` i
 only through the ``train()`` hooks returned by ``hooks_from_env()`` (no branch anywhere else).
 The variable holds faults separated by ``;``, each ``KIND:key=value:key=value``:
 
-- ``kill-in-step:rank=R:step=K[:micro=M]``: global rank R sends itself SIGKILL during step K,
-  right after the forward pass of its M-th micro-batch (default 1) on its first model chunk;
+- ``kill-in-step:rank=R:step=K[:micro=M][:signal=SIGSTOP]``: global rank R sends itself SIGKILL
+  (or the named signal: SIGSTOP makes a hung rank) during step K, right after the forward pass
+  of its M-th micro-batch (default 1) on its first model chunk;
 - ``kill-in-save:rank=R:step=K``: rank R sends itself SIGKILL while the checkpoint of step K is
   being written, right after its own shard file is written and fsync'd (other ranks may still
   be writing theirs: the save is never committed);
@@ -70,9 +71,9 @@ def _rank() -> int:
     return dist.get_rank()
 
 
-def _die(what: str) -> None:
-    _announce(f"{what}: SIGKILL to pid {os.getpid()}")
-    os.kill(os.getpid(), signal.SIGKILL)
+def _die(what: str, sig: str = "SIGKILL") -> None:
+    _announce(f"{what}: {sig} to pid {os.getpid()}")
+    os.kill(os.getpid(), getattr(signal, sig))
 
 
 class KillInStep:
@@ -93,7 +94,7 @@ class KillInStep:
         self.forwards += 1
         micro = self.fault.int_option("micro", 1)
         if self.step == self.fault.step and self.forwards == micro:
-            _die(f"step {self.step}, after the forward of micro-batch {micro}")
+            _die(f"step {self.step}, after the forward of micro-batch {micro}", self.fault.options.get("signal", "SIGKILL"))
 
 
 class KillInSave:

@@ -1,0 +1,182 @@
+"""Soak: tiny recipe on 8 CPU ranks, checkpoints every 50 steps, a rank SIGKILLed and the job resumed every 200.
+
+    .venv/bin/python -m benchmarks.soak [--steps 1000] [--save-every 50] [--kill-every 200] [--nproc 8]
+    .venv/bin/hybridpar bench soak --steps 400 --kill-every 100      # a shorter configuration
+
+Two runs of the same recipe and --steps: an uninterrupted reference, and the soak run, which is
+launched in segments. Each segment but the last gets one fault through HYBRIDPAR_FAULT
+(hybridpar/faults.py): alternately a rank SIGKILLed in the middle of a step (after the forward
+of a micro-batch) and a rank SIGKILLed while the checkpoint is being written; the next segment
+resumes from the save directory (its latest complete checkpoint). Checks: no segment hangs
+(each has a wall-clock limit), every failed segment names the killed rank, no step is lost
+(steps 1..N all trained), a step trained twice gives the same loss both times, and every loss,
+the final one included, equals the uninterrupted run's. Writes benchmarks/results/soak.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.results_io import write_result
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "recipes" / "tiny.yaml"
+LAUNCH_S = 120  # allowance per launch (imports, engine start) before "no progress" counts as a hang
+STEP_S = 10  # allowance per step on a loaded 2-core machine
+
+
+def _env(fault: str | None) -> dict:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    for key in ("RANK", "WORLD_SIZE", "HYBRIDPAR_FAULT"):
+        env.pop(key, None)
+    if fault:
+        env["HYBRIDPAR_FAULT"] = fault
+    return env
+
+
+def _losses(run_dir: Path) -> dict[int, float]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return {}
+    return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+def launch(args, run_dir: Path, fault: str | None, resume: bool, steps_left: int) -> dict:
+    cmd = [sys.executable, "-m", "hybridpar", "train", "--recipe", str(TINY), "--nproc", str(args.nproc),
+           "--steps", str(args.steps), "--timeout-s", str(args.timeout_s), "--out", str(run_dir)]
+    if args.save_dir:
+        cmd += ["--save-dir", args.save_dir, "--save-every", str(args.save_every)]
+        if resume:
+            cmd += ["--resume", args.save_dir]
+    limit = LAUNCH_S + STEP_S * steps_left
+    start = time.time()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=_env(fault), capture_output=True, text=True, timeout=limit)
+        rc, out, err, hung = proc.returncode, proc.stdout, proc.stderr, False
+    except subprocess.TimeoutExpired as exc:
+        rc, out, err, hung = None, exc.stdout or "", exc.stderr or "", True
+        out, err = (x.decode() if isinstance(x, bytes) else x for x in (out, err))
+    ended = time.time()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "stdout.txt").write_text(out)
+    (run_dir / "stderr.txt").write_text(err)
+    record = {"fault": fault, "exit_code": rc, "hung": hung, "wall_s": round(ended - start, 1),
+              "steps": sorted(_losses(run_dir))}
+    resumed = re.search(r"resuming from \S+ \(step (\d+)", out)
+    record["resumed_from"] = int(resumed.group(1)) if resumed else None
+    kill = re.search(r"SIGKILL to pid (\d+) \(at unix time ([0-9.]+)\)", err)
+    if kill:
+        record["fail_fast_s"] = round(ended - float(kill.group(2)), 2)
+        summary = [l for l in err.splitlines() if l.startswith("hybridpar: rank ")]
+        record["summary"] = summary[0] if summary else None
+    return record
+
+
+def fault_for(i: int, args) -> tuple[str, int, int]:
+    """The i-th fault (i = 1, 2, ...): (HYBRIDPAR_FAULT value, step, rank)."""
+    rank = (3 * i + 2) % args.nproc
+    if i % 2:  # mid-step, somewhere between two checkpoints
+        step = i * args.kill_every + 1 + (17 * i) % max(args.save_every - 1, 1)
+        return f"kill-in-step:rank={rank}:step={step}:micro={1 + i % 2}", step, rank
+    step = i * args.kill_every  # a multiple of save_every: killed while writing that checkpoint
+    return f"kill-in-save:rank={rank}:step={step}", step, rank
+
+
+def soak(args, work: Path) -> dict:
+    args.save_dir = str(work / "ckpt")
+    segments, i = [], 1
+    while True:
+        fault, step, rank = fault_for(i, args) if i * args.kill_every < args.steps else (None, None, None)
+        # From the checkpoint before the previous kill to the next kill (or the end).
+        span = (step or args.steps) - max((i - 1) * args.kill_every - args.save_every, 0)
+        seg = launch(args, work / f"segment-{i}", fault, resume=i > 1, steps_left=span)
+        seg.update(kill_step=step, kill_rank=rank)
+        segments.append(seg)
+        print(f"soak: segment {i}: {json.dumps(seg)}", flush=True)
+        if fault is None or seg["hung"] or seg["exit_code"] == 0:
+            break
+        i += 1
+    return {"segments": segments}
+
+
+def check(args, segments: list[dict], work: Path, reference: dict[int, float]) -> dict:
+    attempts: dict[int, list[float]] = {}
+    for k in range(1, len(segments) + 1):
+        for step, loss in _losses(work / f"segment-{k}").items():
+            attempts.setdefault(step, []).append(loss)
+    expected = list(range(1, args.steps + 1))
+    problems = []
+    if any(s["hung"] for s in segments):
+        problems.append("a segment hung")
+    for s in segments[:-1]:
+        if not s.get("summary") or f"rank {s['kill_rank']} " not in s["summary"] or s["exit_code"] in (0, None):
+            problems.append(f"segment with {s['fault']} did not fail naming rank {s['kill_rank']}: {s.get('summary')}")
+    if segments[-1]["exit_code"] != 0:
+        problems.append(f"the last segment exited {segments[-1]['exit_code']}")
+    lost = sorted(set(expected) - set(attempts))
+    if lost:
+        problems.append(f"steps never trained: {lost[:10]}")
+    unequal_replays = sorted(s for s, v in attempts.items() if len(set(v)) > 1)
+    if unequal_replays:
+        problems.append(f"steps whose re-run gave another loss: {unequal_replays[:10]}")
+    final = {s: v[-1] for s, v in attempts.items()}
+    diffs = {s: abs(final[s] - reference[s]) for s in expected if s in final and s in reference}
+    if any(diffs.values()) or len(diffs) != len(expected):
+        problems.append(f"losses differ from the uninterrupted run (max {max(diffs.values(), default=None)})")
+    return {
+        "ok": not problems, "problems": problems,
+        "steps_trained_twice": sum(len(v) - 1 for v in attempts.values()),
+        "max_abs_loss_diff_vs_uninterrupted": max(diffs.values(), default=None),
+        "final_loss": final.get(args.steps), "final_loss_uninterrupted": reference.get(args.steps),
+        "fail_fast_s": [s.get("fail_fast_s") for s in segments[:-1]],
+    }
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="hybridpar bench soak", description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--save-every", type=int, default=50)
+    parser.add_argument("--kill-every", type=int, default=200, help="a multiple of --save-every")
+    parser.add_argument("--nproc", type=int, default=8)
+    parser.add_argument("--timeout-s", type=int, default=60, help="process-group timeout of the runs")
+    parser.add_argument("--work", help="working directory (default: a temporary one, removed afterwards)")
+    parser.add_argument("--name", default="soak", help="result file name in benchmarks/results/")
+    args = parser.parse_args(argv)
+    if args.kill_every % args.save_every:
+        parser.error("--kill-every must be a multiple of --save-every")
+    work = Path(args.work or tempfile.mkdtemp(prefix="hybridpar-soak-"))
+    work.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    result = soak(args, work)
+    soak_s = time.time() - started
+    args.save_dir = None
+    ref_start = time.time()
+    ref = launch(args, work / "uninterrupted", None, resume=False, steps_left=args.steps)
+    ref_s = time.time() - ref_start
+    verdict = check(args, result["segments"], work, _losses(work / "uninterrupted"))
+    payload = {
+        "config": {"recipe": "recipes/tiny.yaml", "layout": "TP2 x PP2 x DP2", "steps": args.steps,
+                   "save_every": args.save_every, "kill_every": args.kill_every, "nproc": args.nproc,
+                   "timeout_s": args.timeout_s},
+        **verdict, "soak_wall_s": round(soak_s, 1), "uninterrupted_wall_s": round(ref_s, 1),
+        "uninterrupted_exit_code": ref["exit_code"], "segments": result["segments"],
+    }
+    for seg in payload["segments"]:
+        seg["steps"] = [seg["steps"][0], seg["steps"][-1]] if seg["steps"] else []
+    path = write_result(args.name, payload)
+    print(f"soak: {'OK' if verdict['ok'] else 'FAILED'}: {json.dumps(verdict)}; wrote {path}")
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0 if verdict["ok"] and ref["exit_code"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
