@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .llama_ref import LlamaReference
+from .llama_ref import LlamaReference, RefOptions
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ def sample_ids(model: LlamaReference, prompt: list[int], n: int, context: int, v
 
 def generate_text(weights: dict, plan, tokenizer, cfg: SampleConfig, tied: bool | None = None) -> str:
     """The prompt and its continuation, decoded."""
-    model = LlamaReference(plan.model, weights, tied=tied)
+    model = LlamaReference(plan.model, weights, RefOptions(rope_base=plan.model.rope_theta), tied=tied)
     prompt = tokenizer.encode(cfg.prompt) or [tokenizer.eod]
     vocab = min(tokenizer.vocab_size, plan.model.vocab)
     new = sample_ids(model, prompt, cfg.tokens, plan.seq_len, vocab, cfg)

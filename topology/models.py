@@ -27,12 +27,15 @@ class ModelSpec:
     mlp: str = "swiglu"
     name: str = "custom"
     tied_embeddings: bool = False
+    rope_theta: float = 10000.0  # RoPE base; Llama 3 uses 500,000 (its released config)
 
     def __post_init__(self):
         for key in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads", "vocab"):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ModelSpecError(f"model {key} must be a positive integer, got {value!r}")
+        if isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, (int, float)) or self.rope_theta <= 0:
+            raise ModelSpecError(f"model rope_theta must be a positive number, got {self.rope_theta!r}")
         if self.mlp not in MLP_KINDS:
             raise ModelSpecError(f"model mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")
         if self.hidden % self.heads:
@@ -77,9 +80,9 @@ class ModelSpec:
 
 PRESETS: dict[str, ModelSpec] = {
     # Llama 3 shapes: "The Llama 3 Herd of Models", Table 3; vocab 128,256 from the released config.
-    "llama3-8b": ModelSpec(32, 4096, 14336, 32, 8, 128256, "swiglu", "llama3-8b"),
-    "llama3-70b": ModelSpec(80, 8192, 28672, 64, 8, 128256, "swiglu", "llama3-70b"),
-    "llama3-405b": ModelSpec(126, 16384, 53248, 128, 8, 128256, "swiglu", "llama3-405b"),
+    "llama3-8b": ModelSpec(32, 4096, 14336, 32, 8, 128256, "swiglu", "llama3-8b", rope_theta=500000.0),
+    "llama3-70b": ModelSpec(80, 8192, 28672, 64, 8, 128256, "swiglu", "llama3-70b", rope_theta=500000.0),
+    "llama3-405b": ModelSpec(126, 16384, 53248, 128, 8, 128256, "swiglu", "llama3-405b", rope_theta=500000.0),
     # GPT-3 175B: Brown et al. 2020, Table 2.1 (96 layers, d_model 12288, 96 heads, FFN 4x).
     "gpt3-175b": ModelSpec(96, 12288, 49152, 96, 96, 51200, "gelu", "gpt3-175b"),
     # Tiny models that train on CPU ranks (tests, recipes/tiny.yaml).

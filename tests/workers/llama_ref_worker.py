@@ -11,6 +11,7 @@ wrong RoPE base, to show the comparison can tell models apart.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import os
 import sys
 import warnings
@@ -30,8 +31,9 @@ from hybridpar.llama_ref import LlamaReference, RefOptions  # noqa: E402
 from hybridpar.train import Job  # noqa: E402
 
 
-def compare(tied: bool, seq: int = 24) -> dict:
-    spec = PRESETS["tiny"]
+def compare(tied: bool, seq: int = 24, rope_theta: float = 10000.0) -> dict:
+    """Megatron's logits vs the reference's; the control runs the reference with the other RoPE base."""
+    spec = replace(PRESETS["tiny"], rope_theta=rope_theta)
     job = Job(Plan(model=spec, seq_len=seq, global_batch=2, precision="fp32"), OptimConfig(), source=None, seed=7, tied=tied)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -46,8 +48,9 @@ def compare(tied: bool, seq: int = 24) -> dict:
         megatron = job.chunks[0](tokens, positions, None).float()
     weights = job.full_state_dict()
     job.close()
-    ref = LlamaReference(spec, weights, tied=tied).logits(tokens)
-    wrong = LlamaReference(spec, weights, RefOptions(rope_base=500000.0), tied=tied).logits(tokens)
+    ref = LlamaReference(spec, weights, RefOptions(rope_base=rope_theta), tied=tied).logits(tokens)
+    other_base = 10000.0 if rope_theta != 10000.0 else 500000.0
+    wrong = LlamaReference(spec, weights, RefOptions(rope_base=other_base), tied=tied).logits(tokens)
     return {"max_diff": float((megatron - ref).abs().max()), "max_logit": float(megatron.abs().max()),
             "rope_control_diff": float((megatron - wrong).abs().max()), "shape": list(megatron.shape),
             "params": sorted(weights)}
@@ -56,7 +59,7 @@ def compare(tied: bool, seq: int = 24) -> dict:
 def main() -> None:
     init_distributed()
     try:
-        results = {"untied": compare(False), "tied": compare(True)}
+        results = {"untied": compare(False), "tied": compare(True), "rope_500k": compare(False, rope_theta=500000.0)}
     finally:
         shutdown()
     with open(sys.argv[1], "w") as f:
