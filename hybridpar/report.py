@@ -99,7 +99,9 @@ def format_summary(s: Summary) -> str:
         ratio = s.median_step_time_s / s.predicted_step_time_s if s.predicted_step_time_s else float("nan")
         rows.append(("predicted", f"{s.predicted_step_time_s:.3f} s per step (measured/predicted {ratio:.2f})"))
     if s.median_tflops_per_gpu is not None:
-        rows.append(("TFLOP/s/GPU", f"median {s.median_tflops_per_gpu:.2f}"))
+        tf = s.median_tflops_per_gpu
+        # CPU runs reach GFLOP/s, not TFLOP/s: keep significant digits instead of printing 0.00.
+        rows.append(("TFLOP/s/GPU", f"median {tf:.2f}" if tf >= 0.1 else f"median {tf:.3g} ({tf * 1e3:.3g} GFLOP/s)"))
     if s.median_mfu is not None:
         rows.append(("MFU", f"median {100 * s.median_mfu:.1f}%"))
     if s.median_grad_norm is not None:
