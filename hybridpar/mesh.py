@@ -70,6 +70,9 @@ class Mesh:
             context_parallel_size=layout.cp,
             order=_MEGATRON_ORDER[layout.order],
         )
+        minutes = _world_timeout_minutes()
+        if minutes is not None:  # megatron's groups default to 30 minutes, whatever the world's timeout
+            kwargs["distributed_timeout_minutes"] = minutes
         try:
             ps.initialize_model_parallel(**kwargs, create_gloo_process_groups=False)
         except TypeError:  # older megatron-core without the gloo flag
@@ -192,6 +195,15 @@ class DeepSpeedMPU:
 
     def get_pipeline_model_parallel_world_size(self):
         return self.mesh.size("pp")
+
+
+def _world_timeout_minutes() -> float | None:
+    """The world group's timeout (``hybridpar train --timeout-s``), for the groups built from it."""
+    try:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return dist.group.WORLD._get_backend(device).options._timeout.total_seconds() / 60
+    except Exception:  # noqa: BLE001 - a private API: without it the groups keep megatron's default
+        return None
 
 
 def replica_hash(modules, mesh: Mesh) -> list[str]:
