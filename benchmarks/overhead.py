@@ -98,8 +98,9 @@ def worker(out: str, world: int, rounds: int, steps: int, warmup: int, profile_s
 
 def paired(times: dict, a: str, b: str) -> dict:
     ratios = [x / y for x, y in zip(times[a], times[b])]
+    medians = _dist.spread(times[a])["median"] / _dist.spread(times[b])["median"]
     return {"numerator": a, "denominator": b, **{k: round(v, 4) for k, v in _dist.spread(ratios).items() if k != "n"},
-            "rounds": len(ratios)}
+            "ratio_of_medians": round(medians, 4), "rounds": len(ratios)}
 
 
 def main(argv=None) -> int:
@@ -129,10 +130,11 @@ def main(argv=None) -> int:
         ratios = {n: paired(t, n, base) for n in t if n != base}
         results[str(world)] = {"load": load, "load_after": _dist.loadavg(), "baseline": base, "target": TARGET[base],
                                "step_time_s": {n: {k: round(v, 5) for k, v in _dist.spread(v).items()} for n, v in t.items()},
-                               "ratios": ratios, "profiles": raw["profiles"]}
+                               "ratios": ratios, "raw_step_times_s": t, "profiles": raw["profiles"]}
         for n, r in ratios.items():
             ok = "meets" if r["median"] <= TARGET[base] else "misses"
-            print(f"world {world}: {n} / {base} = {r['median']:.3f} (IQR {r['q1']:.3f}-{r['q3']:.3f}, "
+            print(f"world {world}: {n} / {base} = {r['median']:.3f} (paired; IQR {r['q1']:.3f}-{r['q3']:.3f}; "
+                  f"ratio of medians {r['ratio_of_medians']:.3f}, "
                   f"{r['rounds']} rounds) {ok} {TARGET[base]:.2f}x; step {_dist.spread(t[n])['median'] * 1e3:.1f} ms vs "
                   f"{_dist.spread(t[base])['median'] * 1e3:.1f} ms; load {load['load_when_started'][0]:.1f}")
     write_result("overhead", {"model": "tiny", "dtype": "fp32", "global_batch": 16, "seq_len": 32, "micro_batch": 2,

@@ -55,7 +55,8 @@ def test_runtime_bytes_match_the_counts_recorded_on_tiny_tp2_pp2_dp2():
     assert z0 == pytest.approx(dp_ring_lower_bound(n, 2, 4))
     sp = runtime_bytes(replace(plan, sequence_parallel=True), 0)
     assert sp["pp"].wire_bytes == 2 * act  # sequence parallel sends 1/tp of the activations
-    assert sp["tp"].calls == 4 * (2 * 10 + 1)
+    assert sp["tp"].calls == 4 * (2 * 10 + 2) + 1  # + embedding RS/AG, + norm-gradient sum
+    assert sp["tp"].wire_bytes == 4 * 22 * act / 2 + 2 * 64 * 2 * 4  # measured: 721,920 B
 
 
 def test_cost_model_bytes_give_back_cost_py_seconds():

@@ -14,7 +14,8 @@ Two functions, compared by benchmarks/comm.py against bytes recorded from real s
   sequence parallelism: megatron gathers the input again in backward for the weight gradient),
   plus the vocab-parallel embedding's forward all-reduce on the first stage and the output
   layer's input-gradient all-reduce and three cross-entropy all-reduces of ``b s`` fp32 values
-  on the last stage; full ``b s h`` activations per TP rank between stages unless sequence
+  on the last stage (with sequence parallelism: embedding RS + AG, output layer AG + RS + AG, and
+  once per step the TP all-reduce of the norm-weight gradients); full ``b s h`` activations per TP rank between stages unless sequence
   parallel; DeepSpeed's DP reduction in ``grad_bytes`` (hybridpar sets its
   ``communication_data_type`` to fp32) and, ZeRO >= 1, the all-gather of updated weights in the
   model dtype; DeepSpeed all-reduces each ZeRO-1/2 gradient bucket in full by default
@@ -99,12 +100,13 @@ def runtime_bytes(plan: Plan, pp_rank: int = 0, dtype_bytes: int = 4, grad_bytes
         else:
             layer_calls, layer_wire = 4, 4 * _ring(t, True) * act
         tp_calls, tp_buf, tp_wire = st.layers * layer_calls, st.layers * layer_calls * act, st.layers * layer_wire
-        if st.has_embedding:  # vocab-parallel embedding: all-reduce (SP: reduce-scatter) forward
-            tp_calls += 1
-            tp_buf += act
-            tp_wire += _ring(t, not sp) * act
-        if st.has_output:  # output layer: input-gradient all-reduce (SP: all-gather fwd + RS bwd)
+        if st.has_embedding:  # vocab-parallel embedding: all-reduce fwd (SP: reduce-scatter fwd, all-gather bwd)
             extra = 2 if sp else 1
+            tp_calls += extra
+            tp_buf += extra * act
+            tp_wire += extra * _ring(t, not sp) * act
+        if st.has_output:  # output layer: input-gradient all-reduce (SP: all-gather fwd, RS + all-gather bwd)
+            extra = 3 if sp else 1
             tp_calls += extra
             tp_buf += extra * act
             tp_wire += extra * _ring(t, not sp) * act
@@ -113,6 +115,9 @@ def runtime_bytes(plan: Plan, pp_rank: int = 0, dtype_bytes: int = 4, grad_bytes
             tp_buf += 3 * ce
             tp_wire += 3 * _ring(t, True) * ce
         tp_calls, tp_buf, tp_wire = tp_calls * mb, tp_buf * mb, tp_wire * mb
+        if sp and st.layers:  # once per step: TP sum of the layers' norm-weight gradients (pipeline.py)
+            norms = st.layers * 2 * m.hidden * grad_bytes
+            tp_calls, tp_buf, tp_wire = tp_calls + 1, tp_buf + norms, tp_wire + _ring(t, True) * norms
     msg = act / t if sp else act
     sends = (0 if st.has_output else 1) + (0 if st.has_embedding else 1)
     pp = AxisBytes(2 * sends * mb, sends * mb * msg, sends * mb * msg) if plan.pp > 1 else AxisBytes(0, 0.0, 0.0)
