@@ -58,12 +58,14 @@ def launch(args, run_dir: Path, fault: str | None, resume: bool, steps_left: int
             cmd += ["--resume", args.save_dir]
     limit = LAUNCH_S + STEP_S * steps_left
     start = time.time()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(fault), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=_env(fault), capture_output=True, text=True, timeout=limit)
-        rc, out, err, hung = proc.returncode, proc.stdout, proc.stderr, False
-    except subprocess.TimeoutExpired as exc:
-        rc, out, err, hung = None, exc.stdout or "", exc.stderr or "", True
-        out, err = (x.decode() if isinstance(x, bytes) else x for x in (out, err))
+        out, err = proc.communicate(timeout=limit)
+        rc, hung = proc.returncode, False
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc.pid)  # the ranks run in their own sessions: kill them by ancestry
+        out, err = proc.communicate()
+        rc, hung = None, True
     ended = time.time()
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "stdout.txt").write_text(out)
@@ -78,6 +80,17 @@ def launch(args, run_dir: Path, fault: str | None, resume: bool, steps_left: int
         summary = [l for l in err.splitlines() if l.startswith("hybridpar: rank ")]
         record["summary"] = summary[0] if summary else None
     return record
+
+
+def _kill_tree(pid: int) -> None:
+    import psutil
+
+    root = psutil.Process(pid)
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
 
 
 def fault_for(i: int, args) -> tuple[str, int, int]:
