@@ -16,7 +16,11 @@ from .plan import Plan
 from .search import Evaluated, evaluate
 from .software import DEEPSPEED_BF16_PIPE, HYBRIDPAR, MEGATRON_2021, Software
 
-CASES_PATH = Path(__file__).resolve().parents[1].parent / "shared" / "cases" / "public_cases.json"
+# The project's shared/ folder (beside the checkout) is the source of truth; tests/data holds a
+# copy so a checkout without it (an installed copy, a clone elsewhere) still has the 14 runs.
+_SHARED_CASES = Path(__file__).resolve().parents[1].parent / "shared" / "cases" / "public_cases.json"
+_BUNDLED_CASES = Path(__file__).resolve().parents[1] / "tests" / "data" / "public_cases.json"
+CASES_PATH = _SHARED_CASES if _SHARED_CASES.is_file() else _BUNDLED_CASES
 # Out-of-sample runs (NVIDIA DGX Cloud benchmark recipes), same fields plus "software"; README
 # "Checked against runs it was not built on" gives their provenance.
 VALIDATION_PATH = Path(__file__).resolve().parents[1] / "tests" / "data" / "validation_runs.json"
