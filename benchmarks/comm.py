@@ -6,7 +6,8 @@ every torch.distributed collective and p2p call recorded (hybridpar/comm_trace.p
 axis it reports calls, buffer bytes and ring wire bytes, beside topology/traffic.py's
 ``cost_model_bytes`` (the bytes behind cost.py's time terms, at the run's dtype) and
 ``runtime_bytes`` (hybridpar's calls, counted exactly), and the DP ring lower bound
-2(d-1)/d x gradient bytes. Writes benchmarks/results/comm.json and comm.csv.
+2(d-1)/d x gradient bytes. Writes benchmarks/results/comm.json and comm.csv. ``--replan`` recomputes
+only the planner columns of the stored comm.json with the current topology/ code (no launch).
 """
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ import json
 import os
 import sys
 
+from dataclasses import replace
+
+from topology.software import HYBRIDPAR, Software
 from topology.stages import params_per_rank
 from topology.traffic import cost_model_bytes, dp_ring_lower_bound, runtime_bytes
 
@@ -72,7 +76,6 @@ def analyse(name: str, ranks: list[dict], model: str) -> list[dict]:
     """One row per (pipeline rank, axis) from TP/DP rank 0 of each stage."""
     layout = Layout.parse(name)
     plan = make_plan(layout, model=model)
-    cost = cost_model_bytes(plan, dtype_bytes=DTYPE_BYTES)
     rows = []
     for r in sorted(ranks, key=lambda r: r["pp_rank"]):
         if r["tp_rank"] or r["dp_rank"]:
@@ -80,6 +83,7 @@ def analyse(name: str, ranks: list[dict], model: str) -> list[dict]:
         exact = runtime_bytes(plan, r["pp_rank"], dtype_bytes=DTYPE_BYTES, grad_bytes=4,
                               bucket_allreduce=not layout.reduce_to_owner)
         stage_n = params_per_rank(plan, _stage_of(plan, r["pp_rank"]))
+        cost = cost_model_bytes(plan, planner_software(layout), DTYPE_BYTES, pp_rank=r["pp_rank"])
         for axis in AXES:
             got = r["axes"].get(axis, {"calls": 0, "bytes": 0, "wire_bytes": 0.0})
             row = {"layout": name, "pp_rank": r["pp_rank"], "axis": axis, "calls": got["calls"],
@@ -106,6 +110,35 @@ def _stage_of(plan, pp_rank):
     return _stage(plan, pp_rank)
 
 
+def planner_software(layout: Layout) -> Software:
+    """hybridpar's profile; the '_rs' layouts turn DeepSpeed's bucket all-reduce off, which the
+    profile's full_grad_allreduce describes."""
+    return replace(HYBRIDPAR, full_grad_allreduce=not layout.reduce_to_owner)
+
+
+def replan(result: dict) -> dict:
+    """The recorded bytes of ``result`` (a comm.json) with the planner's columns recomputed by
+    the current topology/ code; the measurements, their date and machine are kept."""
+    for row in result["rows"]:
+        if row["axis"] == "scalars+other":
+            continue
+        layout = Layout.parse(row["layout"])
+        plan = make_plan(layout, model=result["model"])
+        cost = cost_model_bytes(plan, planner_software(layout), DTYPE_BYTES, pp_rank=row["pp_rank"])
+        row["planner_wire"] = cost[row["axis"]].wire_bytes
+        row["vs_planner_pct"] = pct(row["measured_wire"], row["planner_wire"])
+    return result
+
+
+def write_csv(rows: list[dict]) -> None:
+    with open(RESULTS_DIR / "comm.csv", "w", newline="") as f:
+        keys = ["layout", "pp_rank", "axis", "calls", "measured_wire", "measured_buffer", "runtime_model_wire",
+                "planner_wire", "vs_runtime_model_pct", "vs_planner_pct", "dp_ring_lower_bound"]
+        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
+        w.writeheader()
+        w.writerows(r for r in rows if r["axis"] != "scalars+other")
+
+
 def print_table(rows: list[dict]) -> None:
     print(f"{'layout':<20} {'pp':>2} {'axis':<6} {'calls':>6} {'measured B':>12} {'runtime model':>13} {'planner':>12} "
           f"{'vs runtime':>10} {'vs planner':>10} {'DP ring LB':>11}")
@@ -127,7 +160,17 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="tiny")
     p.add_argument("--nproc", type=int, default=8)
     p.add_argument("--timeout", type=float, default=1200)
+    p.add_argument("--replan", action="store_true",
+                   help="recompute only the planner columns of the stored results/comm.json (no launch)")
     args = p.parse_args(argv)
+    if args.replan:
+        path = RESULTS_DIR / "comm.json"
+        result = replan(json.loads(path.read_text()))
+        result["replanned"] = "planner columns recomputed by `hybridpar bench comm --replan`"
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        write_csv(result["rows"])
+        print_table(result["rows"])
+        return 0
     layouts = args.layouts.split(",")
     if args.worker:
         worker(args.worker, layouts, args.model)
@@ -141,12 +184,7 @@ def main(argv=None) -> int:
     print_table(rows)
     cmd = "hybridpar bench comm " + " ".join(a for a in (argv or []))
     write_result("comm", {"model": args.model, "dtype": "fp32", "load_average": load, "rows": rows}, command=cmd.strip())
-    with open(RESULTS_DIR / "comm.csv", "w", newline="") as f:
-        keys = ["layout", "pp_rank", "axis", "calls", "measured_wire", "measured_buffer", "runtime_model_wire",
-                "planner_wire", "vs_runtime_model_pct", "vs_planner_pct", "dp_ring_lower_bound"]
-        w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")
-        w.writeheader()
-        w.writerows(r for r in rows if r["axis"] != "scalars+other")
+    write_csv(rows)
     return 0
 
 

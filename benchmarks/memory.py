@@ -21,6 +21,7 @@ import sys
 
 from topology.memory import model_state_bytes
 from topology.models import ModelSpec
+from topology.software import HYBRIDPAR
 
 from benchmarks import _dist
 from benchmarks._jobs import Layout, make_job, make_plan
@@ -111,7 +112,8 @@ def worker(out: str, dp: int, zeros: list[int]) -> None:
 
 
 def planner_rows(n: float, dp: int, z: int) -> dict:
-    w, g, o = model_state_bytes(n, dp, z)  # bf16 mixed precision, as planned
+    # bf16 mixed precision, as planned for hybridpar (its ZeRO-2 keeps the full gradients)
+    w, g, o = model_state_bytes(n, dp, z, zero2_reduce_once=HYBRIDPAR.zero2_reduce_once)
     fp32 = {"weights": 2 * w, "grads": 2 * g, "optimizer": (8 * n if z == 0 else o)}
     return {"planner_bf16": {"weights": w, "grads": g, "optimizer": o}, "planner_fp32": fp32}
 

@@ -14,7 +14,7 @@ from .hardware import GPU, get_gpu
 from .models import ModelSpec
 from .plan import Plan
 from .search import Evaluated, evaluate
-from .software import DEEPSPEED_BF16_PIPE, HYBRIDPAR, MEGATRON_2021, Software
+from .software import DEEPSPEED_BF16_PIPE, MEGATRON_2021, MEGATRON_CORE, Software
 
 # The project's shared/ folder (beside the checkout) is the source of truth; tests/data holds a
 # copy so a checkout without it (an installed copy, a clone elsewhere) still has the 14 runs.
@@ -40,12 +40,12 @@ def case_software(case: dict) -> tuple[Software, GPU]:
     gpu = get_gpu(case["gpu"].lower())
     if case.get("software") == "megatron-core":
         # NeMo/megatron-core recipes: distributed optimizer, overlapped grad reduce / param
-        # gather / p2p, cuDNN or FlashAttention kernels: hybridpar's own stack.
-        return HYBRIDPAR, gpu
+        # gather / p2p, cuDNN or FlashAttention kernels: hybridpar's layers, classic ZeRO-2.
+        return MEGATRON_CORE, gpu
     if case["id"].startswith("llama3"):
         # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2); FlashAttention-2
         # on H100 reaches "only 35% utilization" (FlashAttention-3 paper, abstract).
-        return replace(HYBRIDPAR, fp32_grads=True, attention_fraction=0.35), gpu
+        return replace(MEGATRON_CORE, fp32_grads=True, attention_fraction=0.35), gpu
     if case["id"].startswith("bloom"):
         # Jean Zay: 4 Omni-Path 100 Gb/s links per 8-GPU node = 6.25 GB/s per GPU (BLOOM README).
         return DEEPSPEED_BF16_PIPE, replace(gpu, network_gbps=4 * 100 / 8 / 8)

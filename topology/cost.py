@@ -13,8 +13,12 @@ Assumptions (README "Planning a layout" lists them with the rest):
   without FlashAttention: batched GEMMs on materialised scores plus memory-bound softmax/dropout.
 * Norms, residual adds, activation functions, cross-entropy: memory-bound, bytes over
   HBM_EFFICIENCY x peak HBM bandwidth; backward moves twice the forward's bytes.
-* Collectives: ring cost, at LINK_EFFICIENCY of the link's per-direction peak; TP, CP and
-  (non-interleaved) PP transfers are exposed; DP overlap as in software.Software.
+* Collectives: ring cost, at LINK_EFFICIENCY of the link's per-direction peak. TP: per layer 4
+  all-reduce equivalents (5 with sequence parallelism), plus the embedding's and output layer's
+  on the end stages; forward ones exposed, megatron-core's async column-parallel backward ones
+  hidden behind the GEMM they precede (software.Software.tp_bwd_overlap). CP and
+  (non-interleaved) PP transfers exposed, PP per rank (end stages send one way). DP overlap as in
+  software.Software.
 * Step = m micro-batches on the slowest pipeline rank + bubble (p - 1)/v of them + exposed DP
   communication + optimizer step.
 """
@@ -28,7 +32,7 @@ from .hardware import GPU, get_gpu
 from .models import ModelSpec
 from .plan import Plan
 from .software import HYBRIDPAR, Software
-from .stages import params_per_rank, stages
+from .stages import Stage, params_per_rank, stages
 
 # Fraction of a link's peak that NCCL collectives reach as bus bandwidth (nccl-tests on DGX
 # A100/H100 reach roughly 75-85% of NVLink and InfiniBand peak; DeepSeek-V3 measures 160 of
@@ -101,6 +105,15 @@ class LayerTime:
     cp: float  # exposed CP K/V exchange, fwd + bwd
 
 
+def _tp_bw(gpu: GPU, tp: int, gpus_per_node: int) -> float:
+    return gpu.nvlink_gbps if tp <= gpus_per_node else gpu.network_gbps
+
+
+def _hidden(comm: float, gemm: float, sw: Software) -> float:
+    """Exposed part of an async TP collective issued before a GEMM it can overlap."""
+    return max(0.0, comm - gemm) if sw.tp_bwd_overlap else comm
+
+
 @lru_cache(maxsize=None)
 def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: int, cp: int,
                sp: bool, recompute: str, sw: Software, gpus_per_node: int) -> LayerTime:
@@ -112,9 +125,14 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     tokens = mb * s_loc
     fwd = bwd = 0.0
     up = f * (2 if m.mlp == "swiglu" else 1)
-    for k_dim, n_dim in ((h, (h + 2 * kv) // tp), (h // tp, h), (h, up // tp), (f // tp, h)):
-        gf, gb = gemm_fwd_bwd(tokens, k_dim, n_dim, gpu, peak, 1, in_bytes)
-        fwd, bwd = fwd + gf, bwd + gb
+    column = []  # (input-gradient, weight-gradient) GEMM times of the column-parallel QKV and fc1
+    for i, (k_dim, n_dim) in enumerate(((h, (h + 2 * kv) // tp), (h // tp, h), (h, up // tp), (f // tp, h))):
+        gf = gemm_time(tokens, k_dim, n_dim, gpu, peak, 1, in_bytes)
+        dgrad = gemm_time(tokens, n_dim, k_dim, gpu, peak, 1, in_bytes)
+        wgrad = gemm_time(k_dim, tokens, n_dim, gpu, peak, 1, in_bytes)
+        fwd, bwd = fwd + gf, bwd + dgrad + wgrad
+        if i in (0, 2):
+            column.append((dgrad, wgrad))
     heads = m.heads // tp
     if sw.flash_attention:
         attn_flops = 4.0 * mb * s_loc * seq * heads * d * 0.5  # causal: half the square
@@ -141,9 +159,23 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     elif recompute == "selective" and not sw.flash_attention:
         bwd += af
 
-    collectives = 4 + (2 if recompute == "full" else 0)
-    tp_bw = gpu.nvlink_gbps if tp <= gpus_per_node else gpu.network_gbps
-    tp_t = collectives * link_time(2 * (tp - 1) / tp * tokens * h * 2, tp_bw) if tp > 1 else 0.0
+    tp_t = 0.0
+    if tp > 1:
+        # Per layer (megatron-core 0.16.1, tensor_parallel/layers.py and mappings.py), in
+        # all-reduce equivalents `ar` of the b s h activation:
+        #   forward: the row-parallel output all-reduces (SP: 2 all-gathers + 2 reduce-scatters) = 2 ar
+        #   backward without SP: the column-parallel input-gradient all-reduces = 2 ar
+        #   backward with SP: row-parallel output-gradient all-gathers (1 ar) + the column-parallel
+        #     input re-all-gathered for the weight gradient (the forward's gather is not kept) and
+        #     the input-gradient reduce-scatter (2 ar): 5 ar per layer, not 4.
+        # Exposure: see software.Software.tp_bwd_overlap. Full recomputation repeats the forward's 2.
+        ar = link_time(2 * (tp - 1) / tp * tokens * h * 2, _tp_bw(gpu, tp, gpus_per_node))
+        tp_t = (2 + (2 if recompute == "full" else 0)) * ar
+        for dgrad, wgrad in column:
+            if sp:
+                tp_t += ar / 2 + _hidden(ar / 2, dgrad, sw) + _hidden(ar / 2, wgrad, sw)
+            else:
+                tp_t += _hidden(ar, wgrad, sw)
     cp_t = 0.0
     if cp > 1:
         exchanges = 2 + (1 if recompute == "full" else 0)  # K/V all-gather fwd, dK/dV reduce-scatter bwd
@@ -162,6 +194,51 @@ def output_layer_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: i
     return f + ce, b + ce
 
 
+@lru_cache(maxsize=None)
+def end_stage_tp_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: int, sp: bool,
+                      sw: Software, gpus_per_node: int, embedding: bool, output: bool) -> float:
+    """Exposed TP seconds per micro-batch outside the layers (megatron-core 0.16.1):
+    * first stage, VocabParallelEmbedding: its output all-reduce in forward (SP: reduce-scatter
+      forward, all-gather backward) = 1 ar;
+    * last stage, the ColumnParallelLinear output layer: without SP its input-gradient all-reduce
+      (1 ar, async behind the logits' weight-gradient GEMM); with SP the input all-gather in
+      forward (exposed), again in backward (behind the input-gradient GEMM) and the
+      input-gradient reduce-scatter (behind the weight-gradient GEMM) = 1.5 ar; plus the
+      vocab-parallel cross-entropy's 3 all-reduces of b s fp32 values (max, target logit, sum)."""
+    if tp == 1:
+        return 0.0
+    bw = _tp_bw(gpu, tp, gpus_per_node)
+    ring = 2 * (tp - 1) / tp
+    ar = link_time(ring * tokens * m.hidden * 2, bw)
+    t = ar if embedding else 0.0
+    if output:
+        in_bytes = 1 if precision == "fp8" else 2
+        peak = gpu.peak_tflops(precision) * 1e12
+        n = m.vocab // tp
+        dgrad = gemm_time(tokens, n, m.hidden, gpu, peak, 1, in_bytes)
+        wgrad = gemm_time(m.hidden, tokens, n, gpu, peak, 1, in_bytes)
+        if sp:
+            t += ar / 2 + _hidden(ar / 2, dgrad, sw) + _hidden(ar / 2, wgrad, sw)
+        else:
+            t += _hidden(ar, wgrad, sw)
+        t += 3 * link_time(ring * tokens * 4, bw)
+    return t
+
+
+def pp_messages(plan: Plan, st: Stage) -> int:
+    """Pipeline messages a rank sends per micro-batch: an activation forward unless it holds the
+    last stage, a gradient backward unless it holds the first (per virtual stage)."""
+    return 2 * plan.vpp - (1 if st.has_embedding else 0) - (1 if st.has_output else 0)
+
+
+def pp_message_bytes(plan: Plan, sw: Software, dtype_bytes: int = 2) -> float:
+    """One pipeline message per TP rank: b s h / t with sequence parallelism or Megatron-LM
+    2021's scatter/gather; the full b s h otherwise (megatron-core p2p_communication.py sends
+    each TP rank's whole output tensor)."""
+    split = (plan.sequence_parallel and plan.tp > 1) or sw.p2p_scatter_gather
+    return plan.micro_batch * plan.seq_len // plan.cp * plan.model.hidden * dtype_bytes / (plan.tp if split else 1)
+
+
 # ---------------------------------------------------------------- step ----------------------
 @dataclass(frozen=True)
 class StepCost:
@@ -177,6 +254,7 @@ class StepCost:
     tokens_per_s: float
     tflops_per_gpu: float
     mfu: float
+    stage_rank: int = 0  # the slowest pipeline rank, whose per-micro-batch terms are above
 
     @property
     def bubble_fraction(self) -> float:
@@ -198,13 +276,18 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
         per_mb = 2 * gather + grad
         exposed = max(0.0, per_mb - fwd_mb - bwd_mb) if sw.overlap_dp else per_mb
         return plan.grad_accum * exposed
+    if sw.full_grad_allreduce and (plan.zero_stage == 1 or (plan.zero_stage == 2 and sw.zero2_reduce_once)):
+        # all-reduce = reduce-scatter + all-gather of the same buffer
+        grad *= 2
+    if plan.zero_stage == 2 and sw.zero2_reduce_once:
+        # hybridpar: one reduction of the full accumulated gradients per step, run at the
+        # accumulation boundary after the last backward (engine.py reduce_once_at_boundary).
+        return grad + (max(0.0, gather - fwd_mb) if sw.overlap_dp else gather)
     if plan.zero_stage == 2:
         # Sharded gradients cannot be accumulated locally: each micro-batch's gradients are
         # reduce-scattered during its backward (DeepSpeed ZeRO-2, FSDP SHARD_GRAD_OP).
         rs = max(0.0, grad - bwd_mb) if sw.overlap_dp else grad
         return plan.grad_accum * rs + (max(0.0, gather - fwd_mb) if sw.overlap_dp else gather)
-    if sw.full_grad_allreduce:  # all-reduce = reduce-scatter + all-gather of the same buffer
-        grad *= 2
     if not sw.overlap_dp:
         return grad + gather
     return max(0.0, grad - bwd_mb) + max(0.0, gather - fwd_mb)
@@ -227,23 +310,27 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
     lt = layer_time(m, gpu, plan.precision, plan.seq_len, plan.micro_batch, plan.tp, plan.cp,
                     plan.sequence_parallel or plan.tp == 1, plan.recompute, sw, plan.gpus_per_node)
     tokens = plan.micro_batch * plan.seq_len // plan.cp
+    sp = plan.sequence_parallel and plan.tp > 1
+    pp_msg = 0.0
+    if plan.pp > 1 and not (sw.overlap_p2p and plan.vpp > 1):
+        crosses = plan.tp * plan.cp * plan.pp > plan.gpus_per_node
+        bw = gpu.network_gbps if crosses else gpu.nvlink_gbps
+        # Paired send+receive exchanges, or (blocking_p2p) a send and a receive one at a time.
+        pp_msg = (2 if sw.blocking_p2p else 1) * link_time(pp_message_bytes(plan, sw), bw)
     worst = None
-    for st in stages(plan):
+    for st in stages(plan):  # the slowest pipeline rank, all its per-micro-batch terms
         fwd, bwd = st.layers * lt.fwd, st.layers * lt.bwd
         if st.has_output:
             of, ob = output_layer_time(m, gpu, plan.precision, tokens, plan.tp)
             fwd, bwd = fwd + of, bwd + ob
-        key = fwd + bwd + st.layers * (lt.tp + lt.cp)
+        tp = st.layers * lt.tp + end_stage_tp_time(m, gpu, plan.precision, tokens, plan.tp, sp, sw,
+                                                    plan.gpus_per_node, st.has_embedding, st.has_output)
+        pp = pp_messages(plan, st) * pp_msg
+        key = fwd + bwd + tp + st.layers * lt.cp + pp
         if worst is None or key > worst[0]:
-            worst = (key, st, fwd, bwd)
-    _, st, fwd_mb, bwd_mb = worst
-    tp_mb, cp_mb = st.layers * lt.tp, st.layers * lt.cp
-    pp_mb = 0.0
-    if plan.pp > 1 and not (sw.overlap_p2p and plan.vpp > 1):
-        crosses = plan.tp * plan.cp * plan.pp > plan.gpus_per_node
-        bw = gpu.network_gbps if crosses else gpu.nvlink_gbps
-        transfers = 4 if sw.blocking_p2p else 2  # paired send+receive, or one at a time
-        pp_mb = transfers * plan.vpp * link_time(tokens * m.hidden * 2 / plan.tp, bw)
+            worst = (key, st, fwd, bwd, tp, pp)
+    _, st, fwd_mb, bwd_mb, tp_mb, pp_mb = worst
+    cp_mb = st.layers * lt.cp
     n_params = max(params_per_rank(plan, s) for s in stages(plan))
     if not sw.fused_grad_accum:  # add the 16-bit weight gradient into the fp32 main grad
         bwd_mb += hbm_time(10 * n_params, gpu)
@@ -264,5 +351,5 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
         step_time_s=step, compute_s=n_mb * (fwd_mb + bwd_mb), bubble_s=bubble,
         tp_s=n_mb * tp_mb, cp_s=n_mb * cp_mb, pp_s=n_mb * pp_mb + tied, dp_s=dp, optimizer_s=optimizer,
         model_flops=flops, tokens_per_s=plan.tokens_per_step / step, tflops_per_gpu=tflops,
-        mfu=tflops / gpu.peak_tflops(plan.precision),
+        mfu=tflops / gpu.peak_tflops(plan.precision), stage_rank=st.rank,
     )

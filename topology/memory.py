@@ -6,7 +6,8 @@ total decides whether the plan fits.
 Model states (Rajbhandari et al. 2020, mixed-precision Adam): 2 bytes of 16-bit weights,
 2 bytes of gradients (4 with fp32 gradients), 12 bytes of optimizer state (fp32 master copy,
 momentum, variance) per parameter held by the rank; ZeRO-1 shards the optimizer state over
-the DP axis, ZeRO-2 also the gradients, ZeRO-3 also the weights.
+the DP axis, ZeRO-2 also the gradients (not hybridpar's own ZeRO-2, which keeps them whole until
+the step's one reduction), ZeRO-3 also the weights.
 
 Activations (Korthikanti et al. 2022), per layer and micro-batch, in bytes per token of the
 local sequence (s / cp); the generalisation to GQA and SwiGLU follows the same tensor-by-tensor
@@ -55,11 +56,17 @@ class StageMemory:
                 for k in ("params", "grads", "optimizer", "activations", "buffers", "total")}
 
 
-def model_state_bytes(n_params: float, dp: int, zero_stage: int, fp32_grads: bool = False):
-    """(weights, gradients, optimizer) bytes per GPU for n_params held by its model-parallel rank."""
+def model_state_bytes(n_params: float, dp: int, zero_stage: int, fp32_grads: bool = False,
+                      zero2_reduce_once: bool = False):
+    """(weights, gradients, optimizer) bytes per GPU for n_params held by its model-parallel rank.
+
+    ``zero2_reduce_once`` (hybridpar's ZeRO-2, software.Software): the gradients accumulate in a
+    full buffer until the step's one reduction (hybridpar/engine.py _defer_zero2_reduction), so
+    ZeRO-2 shards only the optimizer state, like ZeRO-1."""
     grad_bytes = 4 if fp32_grads else 2
     weights = 2 * n_params / (dp if zero_stage >= 3 else 1)
-    grads = grad_bytes * n_params / (dp if zero_stage >= 2 else 1)
+    sharded_grads = zero_stage >= 3 or (zero_stage == 2 and not zero2_reduce_once)
+    grads = grad_bytes * n_params / (dp if sharded_grads else 1)
     optimizer = 12 * n_params / (dp if zero_stage >= 1 else 1)
     return weights, grads, optimizer
 
@@ -93,7 +100,8 @@ def in_flight(plan: Plan, rank: int) -> float:
 def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMemory:
     m, t = plan.model, plan.tp
     n = params_per_rank(plan, stage)
-    weights, grads, optimizer = model_state_bytes(n, plan.dp, plan.zero_stage, sw.fp32_grads)
+    weights, grads, optimizer = model_state_bytes(n, plan.dp, plan.zero_stage, sw.fp32_grads,
+                                                  sw.zero2_reduce_once)
 
     tokens = plan.micro_batch * plan.seq_len / plan.cp
     chunks = in_flight(plan, stage.rank)

@@ -37,23 +37,55 @@ class Software:
     # Gradients are all-reduced in full over DP (in fp32 when fp32_grads) although the optimizer
     # is sharded; the updated 16-bit weights are then all-gathered. DeepSpeed's BF16_Optimizer
     # with pipeline parallelism: runtime/pipe/engine.py _bf16_reduce_grads ->
-    # buffered_allreduce_fallback over the fp32 _hp_grad buffers. False: a reduce-scatter.
+    # buffered_allreduce_fallback over the fp32 _hp_grad buffers. Also hybridpar's ZeRO-1 and
+    # its once-per-step ZeRO-2: DeepSpeed 0.19's zero_optimization.use_multi_rank_bucket_allreduce
+    # defaults to true (hybridpar/engine.py deepspeed_config does not set it), so each gradient
+    # bucket is all-reduced in full and each rank keeps its partition (measured: README
+    # "Benchmarks", comm). Not for ZeRO-0 (one all-reduce anyway). False: a reduce-scatter.
     full_grad_allreduce: bool = False
     # Attention kernel efficiency (fraction of dense peak, fwd+bwd); None: the GPU's default
     # (hardware.GPU.attention_fraction, a current FlashAttention-class kernel).
     attention_fraction: float | None = None
-    # Tensor-parallel collectives are never overlapped: megatron-core runs them on the compute
-    # stream unless Transformer Engine's userbuffers are set up, which hybridpar does not do.
+    # Backward TP collectives of column-parallel linears are issued async and overlap a GEMM:
+    # without SP the input-gradient all-reduce overlaps the weight-gradient GEMM; with SP the
+    # re-all-gather of the input overlaps the input-gradient GEMM and the input-gradient
+    # reduce-scatter the weight-gradient GEMM (megatron-core 0.16.1 tensor_parallel/layers.py,
+    # LinearWithGradAccumulationAndAsyncCommunication.backward: all_gather/all_reduce/
+    # reduce_scatter with async_op=True, "we rely on CUDA_DEVICE_MAX_CONNECTIONS=1 to ensure
+    # that the ... is scheduled before the ... computation"). Assumed hidden up to that GEMM's
+    # time (SM contention ignored). Forward collectives and the row-parallel backward all-gather
+    # (mappings.py, synchronous) stay exposed. False: every TP collective exposed.
+    tp_bwd_overlap: bool = True
+    # Pipeline messages are split over the TP ranks and all-gathered on the receiver (Megatron-LM
+    # 2021 --scatter-gather-tensors-in-pipeline, Narayanan et al. 2021 §4.1). megatron-core's
+    # p2p_communication.py has no such option: without sequence parallelism every TP rank sends
+    # the full b s h activation.
+    p2p_scatter_gather: bool = False
+    # hybridpar's ZeRO-2 (hybridpar/engine.py _defer_zero2_reduction): gradients accumulate in a
+    # full, unsharded buffer over the micro-batches and are reduced once per step at the
+    # boundary, after the last backward (not overlapped). False: classic ZeRO-2 (DeepSpeed's
+    # hooks, FSDP SHARD_GRAD_OP): sharded gradients, reduce-scattered every micro-batch.
+    zero2_reduce_once: bool = False
+    # Forward TP collectives are never overlapped: megatron-core runs them synchronously unless
+    # Transformer Engine's userbuffers are set up, which hybridpar does not do.
 
 
-HYBRIDPAR = Software()
+HYBRIDPAR = Software(zero2_reduce_once=True, full_grad_allreduce=True)
+# megatron-core / NeMo (and Llama 3's stack): the same layers, megatron-core's distributed
+# optimizer (a reduce-scatter of the gradients) and classic ZeRO-2.
+MEGATRON_CORE = replace(HYBRIDPAR, zero2_reduce_once=False, full_grad_allreduce=False)
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
 # DP all-reduce after the pipeline flush, blocking pipeline sends.
 # Gradient accumulation fusion came later (2022), so main grads are added by a separate kernel.
+# Its linear layers all-reduce the input gradient synchronously (the async all-reduce came with
+# megatron-core), and it splits pipeline messages over TP (scatter/gather, Narayanan et al. §4.1).
 MEGATRON_2021 = Software(flash_attention=False, dropout=True, overlap_dp=False, overlap_p2p=False,
-                         fused_grad_accum=False)
+                         fused_grad_accum=False, tp_bwd_overlap=False, p2p_scatter_gather=True)
 # BLOOM's Megatron-DeepSpeed (bigscience tr11-176B-ml): the 2021 Megatron layers driven by
 # DeepSpeed's PipelineEngine and BF16_Optimizer, which "accumulates grads in fp32. It doesn't shard
 # the static fp32 buffer" (formulas.md §3) and all-reduces those fp32 gradients.
+# PipelineEngine also splits activations and gradients over the model-parallel ranks
+# (runtime/pipe/engine.py is_pipe_partitioned / is_grad_partitioned, on by default), so
+# p2p_scatter_gather stays True.
 DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, fp32_grads=True, blocking_p2p=True, full_grad_allreduce=True)

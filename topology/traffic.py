@@ -3,12 +3,17 @@ and what hybridpar's runtime actually sends. Pure arithmetic on a Plan (no torch
 
 Two functions, compared by benchmarks/comm.py against bytes recorded from real steps:
 
-* ``cost_model_bytes(plan)``: the bytes behind cost.py's TP, PP and DP time terms, before they
-  are divided by a link bandwidth (tests/test_bench_smoke.py checks that dividing them gives
-  back ``step_cost``'s seconds). cost.py charges every layer 4 TP all-reduces per micro-batch
-  (2 forward, 2 backward), a PP stage 2 transfers of ``b s h / t`` per micro-batch per virtual
-  stage, and DP a ring reduce-scatter of the gradients plus an all-gather of 16-bit weights
-  (ZeRO-2: the reduce-scatter every micro-batch).
+* ``cost_model_bytes(plan, pp_rank)``: the bytes behind cost.py's TP, PP and DP time terms,
+  before they are divided by a link bandwidth (tests/test_bench_smoke.py checks that dividing
+  them gives back ``step_cost``'s seconds where nothing overlaps). cost.py charges, per
+  micro-batch, every layer 4 TP all-reduce equivalents of ``b s h`` (5 with sequence
+  parallelism: megatron-core all-gathers the input again in backward), the first stage one more
+  (vocab-parallel embedding), the last stage 1 (1.5 with SP) more for the output layer plus
+  three ``b s`` fp32 cross-entropy all-reduces; a pipeline rank one message per virtual stage
+  and direction it sends in (end ranks one direction fewer), ``b s h / t`` with SP or
+  scatter/gather, ``b s h`` otherwise; DP a ring reduce-scatter of the gradients plus an
+  all-gather of 16-bit weights (classic ZeRO-2: the reduce-scatter every micro-batch;
+  hybridpar's ZeRO-2: once per step).
 * ``runtime_bytes(plan, pp_rank)``: hybridpar's calls, one rank of pipeline stage ``pp_rank``:
   the layers' 4 all-reduces (10 all-gathers/reduce-scatters of half the ring bytes with
   sequence parallelism: megatron gathers the input again in backward for the weight gradient),
@@ -61,20 +66,37 @@ def _stage(plan: Plan, pp_rank: int):
     return sts[1]
 
 
-def cost_model_bytes(plan: Plan, sw: Software = HYBRIDPAR, dtype_bytes: int = 2) -> dict[str, AxisBytes]:
-    """Per-rank bytes per step of cost.py's TP, PP and DP terms (its slowest stage; DP on its
-    largest stage), with activations and weights of ``dtype_bytes`` (cost.py uses 2)."""
+def cost_model_bytes(plan: Plan, sw: Software = HYBRIDPAR, dtype_bytes: int = 2,
+                     pp_rank: int | None = None) -> dict[str, AxisBytes]:
+    """Per-rank bytes per step behind cost.py's TP, PP and DP terms on pipeline rank ``pp_rank``
+    (None: the slowest rank, the one ``step_cost`` charges), with activations and weights of
+    ``dtype_bytes`` (cost.py uses 2). These are wire bytes: cost.py's TP seconds are only their
+    exposed part where a backward collective overlaps a GEMM (software.Software.tp_bwd_overlap)."""
+    from .cost import pp_message_bytes, pp_messages, step_cost
+
     m, t, d, mb = plan.model, plan.tp, plan.dp, plan.grad_accum
+    st = _stage(plan, step_cost(plan, sw).stage_rank if pp_rank is None else pp_rank)
     tokens = plan.micro_batch * plan.seq_len // plan.cp
-    worst = max(st.layers for st in stages(plan))
     act = tokens * m.hidden * dtype_bytes
-    tp_calls = 4 * worst * mb if t > 1 else 0
-    tp = AxisBytes(tp_calls, tp_calls * act, tp_calls * _ring(t, True) * act)
-    pp_calls = 2 * plan.vpp * mb if plan.pp > 1 else 0
-    pp = AxisBytes(pp_calls, pp_calls * act / t, pp_calls * act / t)
-    n = max(params_per_rank(plan, s) for s in stages(plan))
+    sp = plan.sequence_parallel and t > 1
+    tp = AxisBytes(0, 0.0, 0.0)
+    if t > 1:  # in all-reduce equivalents of b s h per micro-batch (cost.layer_time, end_stage_tp_time)
+        per_layer = (5 if sp else 4) + (2 if plan.recompute == "full" else 0)
+        ars = st.layers * per_layer + (1 if st.has_embedding else 0) + ((1.5 if sp else 1) if st.has_output else 0)
+        calls = ars * (2 if sp else 1) + (3 if st.has_output else 0)
+        ce = 3 * tokens * 4 if st.has_output else 0  # cross-entropy: 3 all-reduces of b s fp32
+        tp = AxisBytes(calls * mb, (ars * act + ce) * mb, _ring(t, True) * (ars * act + ce) * mb)
+    pp = AxisBytes(0, 0.0, 0.0)
+    if plan.pp > 1:
+        sends = pp_messages(plan, st) * mb
+        msg = pp_message_bytes(plan, sw, dtype_bytes)
+        pp = AxisBytes(2 * sends, sends * msg, sends * msg)
+    # DP: cost.py charges the largest stage; a given rank sends its own stage's parameters.
+    n = max(params_per_rank(plan, s) for s in stages(plan)) if pp_rank is None else params_per_rank(plan, st)
     grad_b = 4 if sw.fp32_grads else dtype_bytes
-    rs = n * grad_b * (mb if plan.zero_stage == 2 else 1) * (2 if sw.full_grad_allreduce and plan.zero_stage < 2 else 1)
+    per_mb = plan.zero_stage == 2 and not sw.zero2_reduce_once
+    full = sw.full_grad_allreduce and (plan.zero_stage == 1 or (plan.zero_stage == 2 and not per_mb))
+    rs = n * grad_b * (mb if per_mb else 1) * (2 if full else 1)
     gather = n * dtype_bytes
     dp = AxisBytes(0, rs + gather, _ring(d, False) * (rs + gather)) if d > 1 else AxisBytes(0, 0.0, 0.0)
     return {"tp": tp, "pp": pp, "dp": dp}
