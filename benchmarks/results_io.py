@@ -42,5 +42,6 @@ def write_result(name: str, payload: dict, command: str | None = None, directory
     with os.fdopen(fd, "w") as f:
         json.dump(record, f, indent=2, sort_keys=False)
         f.write("\n")
+    os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be read by anyone
     os.replace(tmp, target)
     return target
