@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .cli_flags import flags_argv
 from .errors import UsageError
 
 FLAGS = ("timeout_s", "check_replicas", "on_drift")
@@ -33,12 +34,7 @@ def apply(recipe, args):
 
 
 def argv(args) -> list[str]:
-    out = []
-    for key in FLAGS:
-        value = getattr(args, key, None)
-        if value is not None:
-            out += [f"--{key.replace('_', '-')}", str(value)]
-    return out
+    return flags_argv(args, FLAGS)
 
 
 def hooks(recipe, print_fn=print) -> list:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..cli_flags import flags_argv
 from ..errors import UsageError
 
 FLAGS = ("save_dir", "save_every", "keep_last", "resume")
@@ -39,12 +40,7 @@ def apply(recipe, args):
 
 def argv(args) -> list[str]:
     """The flags again, for the ranks' command line."""
-    out = []
-    for key in FLAGS:
-        value = getattr(args, key, None)
-        if value is not None:
-            out += [f"--{key.replace('_', '-')}", str(value)]
-    return out
+    return flags_argv(args, FLAGS)
 
 
 def hooks(recipe, args, print_fn=print) -> list:

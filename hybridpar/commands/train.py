@@ -6,6 +6,7 @@ import sys
 
 from .. import reliability_cli, watch_cli
 from ..checkpoint import cli as checkpoint_cli
+from ..cli_flags import flags_argv
 from ..errors import UsageError
 
 HELP = "train a recipe: --nproc N starts N local ranks; under torchrun it runs as one rank"
@@ -115,9 +116,5 @@ def run(args) -> int:
 
 def _argv_of(args, out: str) -> list[str]:
     """The ranks' command line: the same recipe and flags, without --nproc."""
-    argv = ["--recipe", args.recipe]
-    for key in OVERRIDES:
-        value = getattr(args, key)
-        if value is not None:
-            argv += [f"--{key.replace('_', '-')}", str(value)]
+    argv = ["--recipe", args.recipe, *flags_argv(args, OVERRIDES)]
     return argv + checkpoint_cli.argv(args) + reliability_cli.argv(args) + watch_cli.argv(args) + ["--out", out]
