@@ -10,7 +10,6 @@ weights are identical.
 """
 from __future__ import annotations
 
-from functools import partial
 
 import torch
 import torch.distributed as dist

@@ -44,6 +44,24 @@ def torchrun(module: str, nproc: int, args: list[str], timeout_s: float) -> dict
         return json.loads(Path(out).read_text())
 
 
+def finish_worker(out: str, payload) -> None:
+    """End of a worker: rank 0 writes ``payload`` to ``out`` (read by ``torchrun``), then all ranks leave."""
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump(payload, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def add_quiet_machine_options(parser, timeout_s: float) -> None:
+    """--max-load/--max-wait (wait_for_quiet) and --timeout (torchrun) for a timing benchmark."""
+    parser.add_argument("--max-load", type=float, default=1.5, help="start each launch below this 1-minute load")
+    parser.add_argument("--max-wait", type=float, default=600, help="seconds to wait for that load")
+    parser.add_argument("--timeout", type=float, default=timeout_s, help="seconds allowed per launch")
+
+
 def spread(values: list[float]) -> dict:
     """Median, min, max and interquartile range of a list of timings."""
     v = sorted(values)

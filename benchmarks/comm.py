@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import sys
 
 from dataclasses import replace
@@ -59,12 +58,8 @@ def worker(out: str, layouts: list[str], model: str) -> None:
         dist.all_gather_object(gathered, mine)
         results[name] = gathered
         job.close()
-    if dist.get_rank() == 0:
-        with open(out, "w") as f:
-            json.dump(results, f)
-    dist.barrier()
     recorder.uninstall()
-    dist.destroy_process_group()
+    _dist.finish_worker(out, results)
 
 
 # --- driver ---------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 
 from topology.memory import model_state_bytes
@@ -104,11 +103,7 @@ def worker(out: str, dp: int, zeros: list[int]) -> None:
         rows = [None] * dist.get_world_size()
         dist.all_gather_object(rows, row)
         results[z] = rows
-    if dist.get_rank() == 0:
-        with open(out, "w") as f:
-            json.dump(results, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    _dist.finish_worker(out, results)
 
 
 def planner_rows(n: float, dp: int, z: int) -> dict:

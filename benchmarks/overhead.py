@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import pstats
 import sys
 import time
@@ -89,11 +88,7 @@ def worker(out: str, world: int, rounds: int, steps: int, warmup: int, profile_s
                 for i in range(profile_steps):
                     variants[name](step[name] + i)
             step[name] += profile_steps
-    if dist.get_rank() == 0:
-        with open(out, "w") as f:
-            json.dump({"times": times, "profiles": profiles}, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    _dist.finish_worker(out, {"times": times, "profiles": profiles})
 
 
 def paired(times: dict, a: str, b: str) -> dict:
@@ -112,9 +107,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--profile-steps", type=int, default=5)
-    p.add_argument("--max-load", type=float, default=1.5)
-    p.add_argument("--max-wait", type=float, default=600)
-    p.add_argument("--timeout", type=float, default=1800)
+    _dist.add_quiet_machine_options(p, timeout_s=1800)
     args = p.parse_args(argv)
     if args.worker:
         worker(args.worker, args.world, args.rounds, args.steps, args.warmup, args.profile_steps)

@@ -11,7 +11,6 @@ there was to do. Writes benchmarks/results/throughput.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -43,12 +42,8 @@ def worker(out: str, dp: int, steps: int, warmup: int) -> None:
             cpus.append(time.process_time() - c0)
     gathered = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, {"wall": walls, "cpu": cpus})
-    if dist.get_rank() == 0:
-        with open(out, "w") as f:
-            json.dump(gathered, f)
-    dist.barrier()
     job.close()
-    dist.destroy_process_group()
+    _dist.finish_worker(out, gathered)
 
 
 def main(argv=None) -> int:
@@ -57,9 +52,7 @@ def main(argv=None) -> int:
     p.add_argument("--dp", default="1,2,4,8")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--max-load", type=float, default=1.5)
-    p.add_argument("--max-wait", type=float, default=600)
-    p.add_argument("--timeout", type=float, default=900)
+    _dist.add_quiet_machine_options(p, timeout_s=900)
     args = p.parse_args(argv)
     if args.worker:
         worker(args.worker, int(args.dp), args.steps, args.warmup)
