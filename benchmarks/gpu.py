@@ -9,8 +9,7 @@ synthetic tokens, and reports the median step time after warm-up, tokens/s, mode
 (Megatron's FLOP formula, topology.cost.model_flops_per_seq) and MFU against the GPU's dense bf16
 peak from topology/hardware.py, beside the planner's prediction for the same Plan twice: with its
 default software profile (FlashAttention, fused gradient accumulation) and with the profile of
-what this runtime actually runs (megatron's local spec: unfused attention on materialised scores,
-``gradient_accumulation_fusion=False``). Expected wall time: model init ~20-60 s, 35 steps of
+what this runtime actually runs (torch SDPA attention, ``gradient_accumulation_fusion=False``). Expected wall time: model init ~20-60 s, 35 steps of
 ~1 s: well under 5 minutes. Writes benchmarks/results/gpu.json.
 """
 from __future__ import annotations
@@ -30,9 +29,9 @@ from topology.software import HYBRIDPAR
 from benchmarks.results_io import write_result
 
 MODEL = ModelSpec(layers=20, hidden=2048, ffn_hidden=5632, heads=16, kv_heads=8, vocab=32000, name="llama-1b")
-# What hybridpar's runtime runs today (hybridpar/model.py): megatron's local layer spec
-# (DotProductAttention on materialised scores, no FlashAttention) and no gradient-accumulation fusion.
-RUNTIME_SOFTWARE = replace(HYBRIDPAR, flash_attention=False, fused_grad_accum=False)
+# What hybridpar's runtime runs today (hybridpar/model.py): torch SDPA attention (FlashAttention on
+# CUDA, hybridpar/attention.py) but no gradient-accumulation fusion (needs apex or TransformerEngine).
+RUNTIME_SOFTWARE = replace(HYBRIDPAR, fused_grad_accum=False)
 
 
 def catalogue_name(device_name: str, memory_gib: float) -> str:

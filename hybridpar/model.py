@@ -3,7 +3,8 @@
 ``build_model(spec, mesh, ...)`` returns this rank's model chunks (one per virtual pipeline
 stage): megatron-core ``GPTModel`` with the local (non-TransformerEngine) layer spec, so TP uses
 megatron's column/row-parallel linears, vocab-parallel embedding and vocab-parallel
-cross-entropy. Llama choices: RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases, no
+cross-entropy; its core attention is torch SDPA (``attention.py``: FlashAttention on GPU) unless
+``ModelOptions.attention = "megatron"``. Llama choices: RMSNorm, SwiGLU, RoPE, grouped-query attention, no biases, no
 dropout, untied input/output embeddings by default.
 
 Every parameter has a *canonical name* (its name in the one-process model, with global layer
@@ -33,6 +34,7 @@ class ModelOptions:
     dtype: torch.dtype = torch.float32
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
+    attention: str = "sdpa"  # sdpa: torch's fused kernels (attention.py) | megatron: materialised scores
 
 
 def transformer_config(spec: ModelSpec, mesh, opts: ModelOptions):
@@ -94,6 +96,12 @@ def build_model(spec: ModelSpec, mesh, opts: ModelOptions, seed: int = 0) -> lis
     cpu.seed_model_parallel_rng(seed, mesh.tp_rank)
     config = transformer_config(spec, mesh, opts)
     layer_spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    if opts.attention == "sdpa":
+        from .attention import sdpa_core_attention_class
+
+        layer_spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention_class()
+    elif opts.attention != "megatron":
+        raise ValueError(f"unknown attention {opts.attention!r}: sdpa or megatron")
     torch_norm = _uses_torch_norm(layer_spec)
     if torch_norm:  # no apex/TE: megatron's torch fallback norm refuses sequence parallelism
         layer_spec.submodules.input_layernorm = RMSNorm
