@@ -6,7 +6,7 @@
   agent (what ``torchrun --standalone --nproc-per-node N`` does), each running
   ``python -m hybridpar <argv>``; returns the job's exit code.
 - ``init_distributed()``: the world process group (NCCL on GPU, gloo on CPU); a world of one
-  without a launcher gets a private local rendezvous.
+  without a launcher gets a private local rendezvous. On GPU it first sets ``GPU_ENV``.
 """
 from __future__ import annotations
 
@@ -16,6 +16,14 @@ import socket
 import sys
 import uuid
 from datetime import timedelta
+
+
+# megatron-core issues the backward TP collectives of its column-parallel linears async and
+# relies on one hardware queue per device so that a collective queued before a GEMM starts
+# before it and overlaps it (tensor_parallel/layers.py; the planner's cost model assumes this
+# overlap). Read when the CUDA context is created, so it is set before any device is touched
+# (init_distributed) and exported by the generated launch scripts (launch_scripts.py).
+GPU_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
 
 
 def under_launcher() -> bool:
@@ -42,6 +50,8 @@ def init_distributed(timeout_s: int = 600) -> None:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
+        for key, value in GPU_ENV.items():
+            os.environ.setdefault(key, value)
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
 

@@ -46,6 +46,13 @@ class LaunchSpec:
         return sorted({self.layout.coord(r).dp for r in ranks})
 
 
+def gpu_env_exports() -> list[str]:
+    """The ranks' GPU environment (launch.GPU_ENV), kept if the user already set it."""
+    from .launch import GPU_ENV
+
+    return [f"export {key}=${{{key}:-{value}}}" for key, value in GPU_ENV.items()]
+
+
 def node_commands(spec: LaunchSpec) -> str:
     nodes = NodeMap(spec.layout, spec.gpus_per_node)
     lines = [
@@ -55,6 +62,7 @@ def node_commands(spec: LaunchSpec) -> str:
         "# c10d rendezvous numbers the nodes as they join: node k gets ranks "
         f"k*{spec.gpus_per_node} .. k*{spec.gpus_per_node}+{spec.gpus_per_node - 1}.",
         "export HEAD_NODE=${HEAD_NODE:?set HEAD_NODE to the address of the first node}",
+        *gpu_env_exports(),
         spec.torchrun_command(),
         "",
         "# What each node holds (DP outermost):",
@@ -83,6 +91,7 @@ def sbatch_script(spec: LaunchSpec, partition: str | None = None, time_limit: st
         "set -euo pipefail",
         'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export HEAD_NODE",
+        *gpu_env_exports(),
         "# One torchrun agent per node; each starts gpus-per-node ranks.",
         "srun --kill-on-bad-exit=1 " + spec.torchrun_command(rdzv_id="$SLURM_JOB_ID"),
     ]
