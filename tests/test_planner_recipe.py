@@ -10,7 +10,7 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPE = """
 name: plan-test
 model: llama3-70b
-parallel: {tp: 4, pp: 2}
+parallel: {tp: 4, pp: 2, cp: 1}
 train: {global_batch: 256, seq_len: 4096}
 cluster: {gpu: h100-80gb, gpus_per_node: 8}
 """

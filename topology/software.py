@@ -1,7 +1,7 @@
 """What the training software does, as far as the memory and time models need to know.
 
-The planner plans for hybridpar's own stack (megatron-core with FlashAttention, sequence
-parallelism, no dropout, gradient reduction and parameter gathering overlapped with compute).
+The planner plans for hybridpar's own stack (megatron-core layers with FlashAttention, sequence
+parallelism, no dropout; DeepSpeed's DP reduction and weight gathering after the backward).
 The published runs used in tests/test_planner_cases.py were made with other code; their
 software is described here from the code they ran, never tuned to their throughput.
 """
@@ -70,10 +70,16 @@ class Software:
     # Transformer Engine's userbuffers are set up, which hybridpar does not do.
 
 
-HYBRIDPAR = Software(zero2_reduce_once=True, full_grad_allreduce=True)
+# hybridpar's runtime: megatron-core's layers and schedules, DeepSpeed ZeRO on the DP axis. DeepSpeed
+# reduces the gradients when hybridpar calls engine.step() after the schedule's last backward, and
+# all-gathers the updated weights before returning (engine.py: overlap_comm is off, and DeepSpeed
+# allows it with an outside schedule only for its per-parameter ZeRO-2 hooks), so neither
+# overlaps compute.
+HYBRIDPAR = Software(overlap_dp=False, zero2_reduce_once=True, full_grad_allreduce=True)
 # megatron-core / NeMo (and Llama 3's stack): the same layers, megatron-core's distributed
-# optimizer (a reduce-scatter of the gradients) and classic ZeRO-2.
-MEGATRON_CORE = replace(HYBRIDPAR, zero2_reduce_once=False, full_grad_allreduce=False)
+# optimizer (a reduce-scatter of the gradients, overlapped with the last backward; the weight
+# all-gather with the next forward) and classic ZeRO-2.
+MEGATRON_CORE = replace(HYBRIDPAR, overlap_dp=True, zero2_reduce_once=False, full_grad_allreduce=False)
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
 # DP all-reduce after the pipeline flush, blocking pipeline sends.
