@@ -11,6 +11,11 @@ megatron-core is written for CUDA. On a CPU-only torch build it breaks in a few 
    -> a tracker with the same seeds and names that forks the CPU generator.
 3. Pipeline p2p calls ``torch.cuda.synchronize()``. -> a no-op on CPU (and the config sets
    ``batch_p2p_sync=False`` anyway).
+4. Activation recomputation (``tensor_parallel.checkpoint`` / ``CheckpointFunction``: selective
+   and full recompute) saves the CUDA generator's state in forward and restores it around the
+   rerun in backward: "Torch not compiled with CUDA enabled". -> there is no CUDA generator, so
+   its state is ``None`` and restoring it is a no-op; the CPU generator and the tracker's
+   (CPU) states are saved and restored by the same code, so a rerun draws the same numbers.
 
 ``apply()`` does all of it, once per process, and only when CUDA is not available: the same
 runtime code then runs unchanged on NCCL/GPU, where ``apply()`` does nothing.
@@ -104,6 +109,8 @@ def apply() -> bool:
 
     mrandom._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
     mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    mrandom._get_cuda_rng_state = lambda *a, **k: None  # read at call time by _get_all_rng_states
+    mrandom._set_cuda_rng_state = lambda *a, **k: None
     _MODE = CudaToCpu()
     _MODE.__enter__()  # process-wide for the main thread, where the model and schedules run
     _APPLIED = True

@@ -35,6 +35,7 @@ class ModelOptions:
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
     attention: str = "sdpa"  # sdpa: torch's fused kernels (attention.py) | megatron: materialised scores
+    recompute: str = "none"  # none | selective (core attention) | full (every layer): topology.plan.Plan.recompute
 
 
 def transformer_config(spec: ModelSpec, mesh, opts: ModelOptions):
@@ -81,6 +82,16 @@ def transformer_config(spec: ModelSpec, mesh, opts: ModelOptions):
         batch_p2p_comm=not (mesh.layout.pp == 2 and mesh.vpp > 1),
         deallocate_pipeline_outputs=False,
     )
+    # Activation recomputation (the planner's Plan.recompute). selective: megatron's default
+    # recompute_modules, ["core_attn"]: core attention (with SDPA, the attention kernel alone) is
+    # rerun in backward from its kept q/k/v. full: every transformer layer is one checkpoint unit
+    # (uniform, 1 layer): only each layer's input is kept and the whole layer is rerun in backward.
+    if opts.recompute == "selective":
+        kwargs.update(recompute_granularity="selective")
+    elif opts.recompute == "full":
+        kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif opts.recompute != "none":
+        raise ValueError(f"unknown recompute {opts.recompute!r}: none, selective or full")
     return TransformerConfig(**kwargs)
 
 

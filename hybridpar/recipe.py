@@ -3,7 +3,8 @@
 ```yaml
 name: tiny
 model: tiny            # a preset name (topology.models.PRESETS), a .json/.yaml path, or a mapping of ModelSpec keys
-parallel: {tp: 2, pp: 2, dp: 2, cp: 1, vpp: 1, zero: 1, micro_batch: 2, sequence_parallel: false, order: tp-cp-pp-dp}
+parallel: {tp: 2, pp: 2, dp: 2, cp: 1, vpp: 1, zero: 1, micro_batch: 2, sequence_parallel: false, order: tp-cp-pp-dp,
+           recompute: none}  # activation recomputation: none | selective (core attention) | full (whole layers)
 train: {global_batch: 16, seq_len: 32, steps: 5, lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 2,
         weight_decay: 0.1, grad_clip: 1.0, seed: 0, precision: auto}
 data: {source: synthetic}   # or {source: embedded, tokenizer: byte} / {source: indexed, path: PREFIX}
@@ -27,7 +28,7 @@ from typing import Optional, Union, get_args, get_origin, get_type_hints
 
 from topology.layout import DEFAULT_ORDER, ORDERS
 from topology.models import PRESETS, ModelSpec, ModelSpecError, load_model, model_from_dict
-from topology.plan import Plan
+from topology.plan import RECOMPUTE_MODES, Plan
 
 from .errors import UsageError
 
@@ -46,6 +47,7 @@ class ParallelSection:
     micro_batch: int = 1
     sequence_parallel: bool = False
     order: str = DEFAULT_ORDER
+    recompute: str = "none"  # none | selective | full (hybridpar.model.transformer_config)
 
 
 @dataclass(frozen=True)
@@ -178,6 +180,7 @@ class Recipe:
             model=model, seq_len=t.seq_len, global_batch=t.global_batch, tp=p.tp, cp=p.cp, pp=p.pp,
             dp=p.dp if p.dp is not None else 1, vpp=p.vpp, micro_batch=p.micro_batch, zero_stage=p.zero,
             sequence_parallel=p.sequence_parallel, precision=self.resolved_precision(), order=p.order,
+            recompute=p.recompute,
             gpu=self.cluster.gpu, gpus_per_node=self.cluster.gpus_per_node,
         )
 
@@ -199,6 +202,8 @@ class Recipe:
             out.append(f"parallel.order {p.order!r} unknown; choose one of {', '.join(ORDERS)}")
         if p.zero not in ZERO_STAGES:
             out.append(f"parallel.zero {p.zero} not supported: use 0, 1 or 2 (ZeRO-3 is not part of this runtime)")
+        if p.recompute not in RECOMPUTE_MODES:
+            out.append(f"parallel.recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {p.recompute!r}")
         if p.cp != 1:
             out.append("parallel.cp > 1 is not supported by the runtime yet (megatron-core's local layer spec has no context-parallel attention)")
         if t.precision not in PRECISIONS:
@@ -339,8 +344,8 @@ def load_recipe(path: str) -> Recipe:
 
 
 def with_overrides(recipe: Recipe, **flags) -> Recipe:
-    """Command-line flags over the recipe. Keys: tp pp dp cp vpp zero micro_batch global_batch steps seed."""
-    parallel_keys = {"tp", "pp", "dp", "cp", "vpp", "zero", "micro_batch", "sequence_parallel"}
+    """Command-line flags over the recipe. Keys: tp pp dp cp vpp zero micro_batch recompute global_batch steps seed."""
+    parallel_keys = {"tp", "pp", "dp", "cp", "vpp", "zero", "micro_batch", "sequence_parallel", "recompute"}
     train_keys = {"global_batch", "steps", "seed", "seq_len", "lr", "precision"}
     par = {k: v for k, v in flags.items() if k in parallel_keys and v is not None}
     tr = {k: v for k, v in flags.items() if k in train_keys and v is not None}

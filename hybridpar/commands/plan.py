@@ -43,7 +43,7 @@ def add_arguments(p):
 
 # Recipe parallel keys that become pins (dp is not one: it follows from --gpus).
 RECIPE_PINS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "zero": "zero_stage",
-               "micro_batch": "micro_batch"}
+               "micro_batch": "micro_batch", "recompute": "recompute"}
 
 
 def recipe_defaults(path: str) -> dict:

@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import sys
 
+from topology.plan import RECOMPUTE_MODES
+
 from .. import reliability_cli, watch_cli
 from ..checkpoint import cli as checkpoint_cli
 from ..cli_flags import flags_argv
@@ -11,7 +13,7 @@ from ..errors import UsageError
 
 HELP = "train a recipe: --nproc N starts N local ranks; under torchrun it runs as one rank"
 
-OVERRIDES = ("tp", "pp", "dp", "vpp", "zero", "micro_batch", "global_batch", "steps", "seed")
+OVERRIDES = ("tp", "pp", "dp", "vpp", "zero", "micro_batch", "recompute", "global_batch", "steps", "seed")
 
 
 def add_arguments(p):
@@ -23,6 +25,8 @@ def add_arguments(p):
     p.add_argument("--vpp", type=int, help="virtual pipeline stages per rank (interleaved 1F1B)")
     p.add_argument("--zero", type=int, help="ZeRO stage on the DP axis: 0, 1 or 2")
     p.add_argument("--micro-batch", type=int, help="sequences per micro-batch")
+    p.add_argument("--recompute", choices=list(RECOMPUTE_MODES),
+                   help="activation recomputation: none, selective (core attention) or full (whole layers)")
     p.add_argument("--global-batch", type=int, help="sequences per optimizer step, over all replicas")
     p.add_argument("--steps", type=int, help="total optimizer steps of the run")
     p.add_argument("--seed", type=int, help="seed for weights and data")
@@ -51,7 +55,7 @@ def prepare(args):
     recipe = load_recipe(args.recipe)
     flags = {k: getattr(args, k) for k in OVERRIDES}
     for key, value in flags.items():
-        if value is not None and (value < 0 or (value == 0 and key not in ("zero", "seed"))):
+        if isinstance(value, int) and (value < 0 or (value == 0 and key not in ("zero", "seed"))):
             raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
     recipe = with_overrides(recipe, **flags)
     recipe = watch_cli.apply(reliability_cli.apply(recipe, args), args)
@@ -92,7 +96,7 @@ def run(args) -> int:
             plan = recipe.to_plan()
             print(
                 f"hybridpar train: {recipe.name}: world {plan.world_size} = tp {plan.tp} x cp {plan.cp} x pp {plan.pp}"
-                f" x dp {plan.dp} (order {plan.order}), vpp {plan.vpp}, ZeRO-{plan.zero_stage}, micro-batch"
+                f" x dp {plan.dp} (order {plan.order}), vpp {plan.vpp}, ZeRO-{plan.zero_stage}, recompute {plan.recompute}, micro-batch"
                 f" {plan.micro_batch} x {plan.grad_accum} per replica, {plan.precision}; writing {out}",
                 flush=True,
             )
