@@ -8,6 +8,10 @@ cuDNN / memory-efficient attention) on CUDA and to a fused flash kernel on CPU, 
 masking and grouped-query heads built in, and is differentiable, so it drops into megatron's
 ``SelfAttention`` as its ``core_attention`` submodule with the same inputs and output.
 
+Context parallelism (cp > 1), which megatron's DotProductAttention refuses, is implemented here:
+K/V all-gathered over the CP group, each rank's two load-balanced chunks attending causally
+(``_context_parallel``); tests/test_runtime.py checks CP layouts against one process.
+
 Same math as ``DotProductAttention`` for what hybridpar builds: causal mask, no dropout, softmax
 scale ``1/sqrt(head_dim)``, no attention bias, no sliding window, vanilla softmax; anything else is
 refused at construction (tests/test_attention.py checks outputs and gradients against megatron's).
@@ -43,8 +47,17 @@ def _make_class(base):
 
         def __init__(self, config, layer_number, attn_mask_type, attention_type, attention_dropout=None,
                      softmax_scale=None, cp_comm_type=None, pg_collection=None):
-            super().__init__(config, layer_number, attn_mask_type, attention_type, attention_dropout=attention_dropout,
-                             softmax_scale=softmax_scale, cp_comm_type=cp_comm_type, pg_collection=pg_collection)
+            # megatron's DotProductAttention refuses context parallelism (only TE's attention has
+            # it); this class implements it, so the base sees cp = 1 while it sets up heads/scale.
+            cp_size = config.context_parallel_size
+            config.context_parallel_size = 1
+            try:
+                super().__init__(config, layer_number, attn_mask_type, attention_type,
+                                 attention_dropout=attention_dropout, softmax_scale=softmax_scale,
+                                 cp_comm_type=cp_comm_type, pg_collection=pg_collection)
+            finally:
+                config.context_parallel_size = cp_size
+            self.cp_size = cp_size
             dropout = config.attention_dropout if attention_dropout is None else attention_dropout
             unsupported = {
                 "attention dropout": dropout != 0.0,
@@ -63,10 +76,77 @@ def _make_class(base):
                 raise ValueError("hybridpar's SDPA attention takes no explicit mask, bias or packed sequences")
             # [s, b, heads, d] -> [b, heads, s, d]
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-            context = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
-                                                     enable_gqa=self.gqa_group > 1)
+            if self.cp_size > 1:
+                context = self._context_parallel(q, k, v)
+            else:
+                context = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.softmax_scale,
+                                                         enable_gqa=self.gqa_group > 1)
             # [b, heads, s, d] -> [s, b, heads * d]
             s, b = context.shape[2], context.shape[0]
             return context.permute(2, 0, 1, 3).reshape(s, b, self.hidden_size_per_partition)
 
+        def _context_parallel(self, q, k, v):
+            """Causal attention of this rank's two sequence chunks against the whole sequence.
+
+            Layout (megatron's, Llama 3's): the sequence is cut into 2 x cp chunks and CP rank r
+            holds chunks r and 2cp-1-r, so every rank has the same causal work. K and V are
+            all-gathered over the CP group (Llama 3 §3.3.2: all-gather, not a ring; with GQA
+            they are small) and put back in sequence order; each local chunk c attends to keys
+            0 .. (c+1)L-1 with the causal diagonal at its own offset."""
+            from megatron.core import parallel_state as ps
+
+            group = ps.get_context_parallel_group()
+            cp, rank = self.cp_size, ps.get_context_parallel_rank()
+            chunk = q.shape[2] // 2
+            k_all, v_all = (_sequence_order(gather_along_sequence(t, group), cp) for t in (k, v))
+            outputs = []
+            for local, c in enumerate((rank, 2 * cp - 1 - rank)):
+                q_c = q[:, :, local * chunk:(local + 1) * chunk]
+                keys = (c + 1) * chunk
+                q_pos = c * chunk + torch.arange(chunk, device=q.device)
+                allowed = torch.arange(keys, device=q.device).unsqueeze(0) <= q_pos.unsqueeze(1)
+                outputs.append(F.scaled_dot_product_attention(
+                    q_c, k_all[:, :, :keys], v_all[:, :, :keys], attn_mask=allowed, scale=self.softmax_scale,
+                    enable_gqa=self.gqa_group > 1))
+            return torch.cat(outputs, dim=2)
+
     return SDPACoreAttention
+
+
+def _sequence_order(gathered: torch.Tensor, cp: int) -> torch.Tensor:
+    """[b, h, cp x 2L, d] in rank order (rank j: chunks j, 2cp-1-j) -> the 2cp chunks in sequence order."""
+    pieces = gathered.chunk(2 * cp, dim=2)  # rank j's chunks are pieces 2j and 2j+1
+    order = [pieces[2 * c] if c < cp else pieces[2 * (2 * cp - 1 - c) + 1] for c in range(2 * cp)]
+    return torch.cat(order, dim=2)
+
+
+class _GatherAlongSequence(torch.autograd.Function):
+    """All-gather along dim 2 over a group; backward sums the gradients and keeps this rank's slice."""
+
+    @staticmethod
+    def forward(ctx, tensor, group):
+        import torch.distributed as dist
+
+        ctx.group = group
+        parts = [torch.empty_like(tensor) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, tensor.contiguous(), group=group)
+        return torch.cat(parts, dim=2)
+
+    @staticmethod
+    def backward(ctx, grad):
+        import torch.distributed as dist
+
+        size, rank = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
+        parts = [p.contiguous() for p in grad.chunk(size, dim=2)]
+        if dist.get_backend(ctx.group) == "nccl":
+            out = torch.empty_like(parts[rank])
+            dist.reduce_scatter(out, parts, group=ctx.group)
+        else:  # gloo has no reduce-scatter: sum everything, keep this rank's part
+            full = torch.cat(parts, dim=2)
+            dist.all_reduce(full, group=ctx.group)
+            out = full.chunk(size, dim=2)[rank].contiguous()
+        return out, None
+
+
+def gather_along_sequence(tensor: torch.Tensor, group) -> torch.Tensor:
+    return _GatherAlongSequence.apply(tensor, group)

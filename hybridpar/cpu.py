@@ -11,6 +11,8 @@ megatron-core is written for CUDA. On a CPU-only torch build it breaks in a few 
    -> a tracker with the same seeds and names that forks the CPU generator.
 3. Pipeline p2p calls ``torch.cuda.synchronize()``. -> a no-op on CPU (and the config sets
    ``batch_p2p_sync=False`` anyway).
+   Context-parallel RoPE builds its chunk index with ``pin_memory=True`` (rope_utils.py), which
+   needs CUDA. -> the torch-function mode drops ``pin_memory``.
 4. Activation recomputation (``tensor_parallel.checkpoint`` / ``CheckpointFunction``: selective
    and full recompute) saves the CUDA generator's state in forward and restores it around the
    rerun in backward: "Torch not compiled with CUDA enabled". -> there is no CUDA generator, so
@@ -54,6 +56,8 @@ class CudaToCpu(TorchFunctionMode):
         kwargs = kwargs or {}
         if "device" in kwargs and _is_cuda_device(kwargs["device"]):
             kwargs = dict(kwargs, device="cpu")
+        if kwargs.get("pin_memory"):  # pinned host memory needs CUDA
+            kwargs = dict(kwargs, pin_memory=False)
         if getattr(func, "__name__", "") in ("cuda",):  # Tensor.cuda() -> stays on the CPU
             return args[0]
         if getattr(func, "__name__", "") == "to" and args and len(args) > 1 and _is_cuda_device(args[1]):

@@ -156,7 +156,7 @@ class StageEngine:
             optimizer = torch.optim.AdamW(groups, **kw)
         # Buckets no larger than the stage (DeepSpeed allocates them whole).
         bucket = int(min(50_000_000, max(1, sum(p.numel() for c in chunks for p in c.parameters()))))
-        ds_config = deepspeed_config(zero_stage, micro_batch, grad_accum, mesh.size("dp"), cfg.grad_clip, bf16, bucket)
+        ds_config = deepspeed_config(zero_stage, micro_batch, grad_accum, mesh.size("dp_cp"), cfg.grad_clip, bf16, bucket)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(
             model=torch.nn.ModuleList(chunks),
             optimizer=optimizer,

@@ -10,8 +10,10 @@ checks that each group's members equal what topology's ``RankLayout`` says, and 
 otherwise. Everything else asks the mesh: ``mesh.group("dp")``, ``mesh.rank_in("tp")``, and
 DeepSpeed gets ``mesh.deepspeed_mpu()``.
 
-Group kinds (this rank's group of each): tp, cp, pp, dp, dp_cp, mp (one whole replica,
-tp x cp x pp), embedding (first and last stage of this rank's pipeline; none on middle stages).
+Group kinds (this rank's group of each): tp, cp, pp, dp, dp_cp (data parallel with the CP ranks,
+over which ZeRO partitions and gradients are averaged), mp (megatron's model-parallel group,
+tp x pp: the replica's distinct weight shards), embedding (first and last stage of this rank's
+pipeline; none on middle stages).
 """
 from __future__ import annotations
 
@@ -23,6 +25,10 @@ import torch.distributed as dist
 from topology.layout import Coord, RankLayout
 
 KINDS = ("tp", "cp", "pp", "dp", "dp_cp", "mp", "embedding")
+# megatron's "model parallel" group is tp x pp (CP ranks hold the same weights, so megatron and
+# DeepSpeed count them as data parallel): the layout calls that tp_pp, and its own "mp" (a whole
+# replica, tp x cp x pp) is the same group only when cp = 1.
+_LAYOUT_KIND = {"mp": "tp_pp"}
 _MEGATRON_ORDER = {"tp-cp-pp-dp": "tp-cp-ep-pp-dp", "tp-cp-dp-pp": "tp-cp-ep-dp-pp"}
 
 
@@ -70,6 +76,10 @@ class Mesh:
             context_parallel_size=layout.cp,
             order=_MEGATRON_ORDER[layout.order],
         )
+        if layout.cp > 1:
+            # megatron also lays out (unused) expert groups and requires their data-parallel size
+            # to equal the attention's under PP; folding CP into the expert TP size does that.
+            kwargs["expert_tensor_parallel_size"] = layout.tp * layout.cp
         minutes = _world_timeout_minutes()
         if minutes is not None:  # megatron's groups default to 30 minutes, whatever the world's timeout
             kwargs["distributed_timeout_minutes"] = minutes
@@ -79,7 +89,7 @@ class Mesh:
             ps.initialize_model_parallel(**kwargs)
         mesh = cls(layout=layout, rank=dist.get_rank(), vpp=vpp)
         for kind, group in _megatron_groups(ps).items():
-            want = layout.group_of(mesh.rank, kind)
+            want = layout.group_of(mesh.rank, _LAYOUT_KIND.get(kind, kind))
             if kind == "embedding" and mesh.rank not in want:  # a middle pipeline stage
                 want = []
             got = sorted(dist.get_process_group_ranks(group)) if group is not None else []
@@ -143,9 +153,10 @@ class Mesh:
 class DeepSpeedMPU:
     """The ``mpu`` object DeepSpeed reads, over the mesh's groups.
 
-    - data parallel: the DP group (ZeRO partitions and gradient averaging run only there);
-    - model parallel group: one whole replica (tp x cp x pp), over which DeepSpeed sums the
-      squared gradient norm of the shards;
+    - data parallel: the DP x CP group (ZeRO partitions and gradient averaging run only there;
+      CP ranks hold the same weights and see different tokens, so they average like replicas);
+    - model parallel group: tp x pp, the replica's distinct shards, over which DeepSpeed sums
+      the squared gradient norm;
     - model parallel *rank*: the TP rank. DeepSpeed uses it to decide which rank counts a
       parameter that is replicated across TP (norm weights) in the gradient norm: rank 0 of
       each TP group, on every pipeline stage. (Old Megatron-LM's mpu had the same meaning.)
@@ -155,16 +166,16 @@ class DeepSpeedMPU:
         self.mesh = mesh
 
     def get_data_parallel_group(self):
-        return self.mesh.group("dp")
+        return self.mesh.group("dp_cp")
 
     def get_data_parallel_rank(self):
-        return self.mesh.rank_in("dp")
+        return self.mesh.rank_in("dp_cp")
 
     def get_data_parallel_world_size(self):
-        return self.mesh.size("dp")
+        return self.mesh.size("dp_cp")
 
     def get_data_parallel_group_ranks(self):
-        return list(self.mesh.members["dp"])
+        return list(self.mesh.members["dp_cp"])
 
     def get_model_parallel_group(self):
         return self.mesh.group("mp")

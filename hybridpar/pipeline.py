@@ -7,7 +7,10 @@
 megatron picks the schedule from its parallel state (set by the mesh). The raw model chunks
 go to the schedule (not a DeepSpeed engine: megatron reads ``model.config``). Each micro-batch
 loss is the mean over its tokens, and the schedule divides it by the number of micro-batches,
-so the accumulated gradient is that of the mean loss over the replica's rows. DP averaging is
+so the accumulated gradient is that of the mean loss over the replica's rows. With context
+parallelism each CP rank takes its two load-balanced chunks of every row (``context_parallel_slice``)
+and its loss is the mean over those tokens; DeepSpeed's average over the DP x CP group then
+gives the gradient of the mean over all tokens (every CP rank has the same number of them). DP averaging is
 DeepSpeed's job (engine.py). What megatron's ``finalize_model_grads`` would do besides DP
 reduction is done here, on the mesh's groups: the tied-embedding gradient sum over the
 embedding group, and the TP sum of sequence-parallel norm-weight gradients.
@@ -20,14 +23,33 @@ import torch.distributed as dist
 
 
 def _loss_func(output_tensor: torch.Tensor):
+    from megatron.core import parallel_state as ps
+
     loss = output_tensor.float().mean()
-    return loss, {"lm loss": loss.detach().clone()}  # the schedule divides `loss` in place
+    logged = loss.detach().clone()  # the schedule scales `loss` in place
+    cp = ps.get_context_parallel_world_size()
+    if cp > 1:  # megatron's schedule multiplies a (loss, dict) loss by the CP size: undo it
+        loss = loss / cp
+    return loss, {"lm loss": logged}
+
+
+def context_parallel_slice(t: torch.Tensor, cp: int, cp_rank: int) -> torch.Tensor:
+    """This CP rank's part of [b, s, ...]: chunks cp_rank and 2cp-1-cp_rank of 2cp equal chunks
+    (megatron's load-balanced causal split; its RoPE and hybridpar's attention assume it)."""
+    if cp == 1:
+        return t
+    chunks = t.chunk(2 * cp, dim=1)
+    return torch.cat([chunks[cp_rank], chunks[2 * cp - 1 - cp_rank]], dim=1)
 
 
 def _forward_step(data_iterator, model):
+    from megatron.core import parallel_state as ps
+
     batch = next(data_iterator)
     tokens, labels = batch[:, :-1], batch[:, 1:]
     position_ids = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+    cp, cp_rank = ps.get_context_parallel_world_size(), ps.get_context_parallel_rank()
+    tokens, labels, position_ids = (context_parallel_slice(t, cp, cp_rank) for t in (tokens, labels, position_ids))
     output = model(tokens, position_ids, None, labels=labels)
     return output, _loss_func
 

@@ -204,8 +204,6 @@ class Recipe:
             out.append(f"parallel.zero {p.zero} not supported: use 0, 1 or 2 (ZeRO-3 is not part of this runtime)")
         if p.recompute not in RECOMPUTE_MODES:
             out.append(f"parallel.recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {p.recompute!r}")
-        if p.cp != 1:
-            out.append("parallel.cp > 1 is not supported by the runtime yet (megatron-core's local layer spec has no context-parallel attention)")
         if t.precision not in PRECISIONS:
             out.append(f"train.precision must be one of {', '.join(PRECISIONS)}, got {t.precision!r}")
         for key in ("steps", "global_batch", "seq_len"):

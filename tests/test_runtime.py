@@ -1,4 +1,5 @@
-"""The runtime's acceptance tests (issue 3 section 7): every 8-rank layout trains like one process.
+"""The runtime's acceptance tests (issue 3 section 7): every 8-rank layout trains like one process
+(DP, TP, PP, VPP, SP, CP, ZeRO 0/1/2, tied embeddings).
 
 Two torchrun launches cover everything: the one-process reference (untied and tied
 embeddings), then one 8-rank launch whose worker loops over all layouts, destroying and
@@ -34,6 +35,11 @@ LAYOUTS = [
     {"name": "tp2_pp2_dp2_sp", "tp": 2, "pp": 2, "dp": 2, "zero": 1, "sp": True},
     {"name": "tp2_pp2_dp2_tied", "tp": 2, "pp": 2, "dp": 2, "zero": 1, "tied": True},
     {"name": "pp2_dp4_tied_zero2", "pp": 2, "dp": 4, "zero": 2, "tied": True},
+    # Context parallelism (hybridpar/attention.py): 2 chunks per CP rank, K/V all-gathered.
+    {"name": "cp2_dp4", "cp": 2, "dp": 4, "zero": 1, "micro_batch": 1},
+    {"name": "tp2_cp2_pp2_zero0", "tp": 2, "cp": 2, "pp": 2, "dp": 1, "zero": 0},
+    {"name": "cp2_pp2_dp2_zero2", "cp": 2, "pp": 2, "dp": 2, "zero": 2},
+    {"name": "tp2_cp2_dp2_sp", "tp": 2, "cp": 2, "dp": 2, "zero": 1, "sp": True},
 ]
 RECORD = ["tp2_pp2_dp2_zero1", "pp4_dp2"]
 REFERENCES = [{"name": "ref"}, {"name": "ref_tied", "tied": True},

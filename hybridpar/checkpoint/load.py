@@ -37,7 +37,7 @@ def verify_distributed(step_dir: str, manifest) -> None:
 
 def load_into(job, reader: CheckpointReader) -> None:
     """This rank's weights, fp32 masters and AdamW moments from ``reader`` (no collectives)."""
-    mesh, view = job.mesh, OptimizerView(job.engine, job.mesh.dp_rank)
+    mesh, view = job.mesh, OptimizerView(job.engine, job.mesh.rank_in("dp_cp"))
     tp, tp_rank = mesh.size("tp"), mesh.tp_rank
     view.prepare(reader.manifest.adam_step)
     for cname, p in canonical_params(job.chunks):

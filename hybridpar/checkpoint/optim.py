@@ -27,7 +27,7 @@ class Fragment:
 
 
 class OptimizerView:
-    def __init__(self, stage_engine, dp_rank: int):
+    def __init__(self, stage_engine, dp_rank: int):  # dp_rank: index in the ZeRO group (DP x CP)
         self.opt = stage_engine.engine.optimizer
         self.dp_rank = dp_rank
         if hasattr(self.opt, "single_partition_of_fp32_groups") or hasattr(self.opt, "fp32_groups_flat_partition"):

@@ -37,7 +37,7 @@ def param_meta(cname: str, p, tp: int) -> dict:
 
 def rank_payload(job, step: int, save_id: str) -> tuple[dict, list, dict]:
     """This rank's file contents, its fragment index, and its parameters' metadata."""
-    mesh, view = job.mesh, OptimizerView(job.engine, job.mesh.dp_rank)
+    mesh, view = job.mesh, OptimizerView(job.engine, job.mesh.rank_in("dp_cp"))
     tp = mesh.size("tp")
     fragments, index, metas = {}, [], {}
     for cname, p in canonical_params(job.chunks):

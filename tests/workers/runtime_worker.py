@@ -44,6 +44,7 @@ def make_job(cfg: dict, layout: dict) -> Job:
     plan = Plan(
         model=model, seq_len=SEQ, global_batch=GLOBAL_BATCH, precision="fp32",
         tp=layout.get("tp", 1), pp=layout.get("pp", 1), dp=layout.get("dp", 1), vpp=layout.get("vpp", 1),
+        cp=layout.get("cp", 1),
         micro_batch=layout.get("micro_batch", 2), zero_stage=layout.get("zero", 1),
         sequence_parallel=layout.get("sp", False),
     )
