@@ -3,9 +3,9 @@
 Launch 1 (8 ranks) saves and resumes in the same layout: N steps + save, a fresh job that
 resumes and trains N more, against 2N steps straight. Per-step losses and grad norms must be
 *identical* (tolerance 0, CPU fp32): ZeRO-1 on TP2xPP2xDP2, ZeRO-2 on TP2xDP4, tied embeddings
-with interleaved PP (VPP 2).
+with interleaved PP (VPP 2), ZeRO-1 on TP2xCP2xDP2 (ZeRO shards over DP x CP).
 Launch 2 (4 ranks) loads those checkpoints into other layouts (DP4->DP2, TP2xPP2 ZeRO-1 ->
-TP1xPP4 ZeRO-0 -> TP2xPP2 ZeRO-1, tied PP2 VPP2 -> PP1), saves again right after loading, and
+TP1xPP4 ZeRO-0 -> TP2xPP2 ZeRO-1, tied PP2 VPP2 -> PP1, TP2xCP2xDP2 -> DP4), saves again right after loading, and
 trains on. The re-saved checkpoint, gathered to one-process tensors (weights, both AdamW
 moments), must equal the original bit for bit; the continued losses must match the straight
 run of the original layout to 1e-5 (only the reduction order differs).
@@ -27,6 +27,8 @@ TOL = 1e-5
 L1 = {"tp": 2, "pp": 2, "dp": 2, "zero": 1}
 DP4 = {"tp": 2, "pp": 1, "dp": 4, "zero": 2}
 TIED = {"tp": 2, "pp": 2, "dp": 2, "vpp": 2, "zero": 1}
+CP = {"tp": 2, "cp": 2, "pp": 1, "dp": 2, "zero": 1}
+LAYOUTS = {"l1": L1, "dp4": DP4, "tied": TIED, "cp": CP}
 
 
 def _launch(nproc: int, jobs: list, out: Path, timeout: int) -> dict:
@@ -35,7 +37,7 @@ def _launch(nproc: int, jobs: list, out: Path, timeout: int) -> dict:
 
 def _jobs_same_layout(base: Path) -> list:
     jobs = []
-    for name, layout, tied in (("l1", L1, False), ("dp4", DP4, False), ("tied", TIED, True)):
+    for name, layout, tied in (("l1", L1, False), ("dp4", DP4, False), ("tied", TIED, True), ("cp", CP, False)):
         save = str(base / name)
         jobs += [
             {"name": f"{name}_straight", "layout": layout, "tied": tied, "total_steps": 2 * N, "last": 2 * N},
@@ -59,6 +61,8 @@ def _jobs_other_layouts(a: Path, b: Path) -> list:
          "load": str(b / "tp1pp4" / step), "save_after_load": str(b / "tp2pp2"), **common},
         {"name": "tied_pp1_from_vpp", "layout": {"tp": 2, "pp": 1, "dp": 2, "zero": 0}, "tied": True,
          "load": str(a / "tied" / step), "save_after_load": str(b / "tied"), **common},
+        {"name": "dp4_from_cp", "layout": {"tp": 1, "pp": 1, "dp": 4, "zero": 1}, "load": str(a / "cp" / step),
+         "save_after_load": str(b / "cp"), **common},
     ]
 
 
@@ -96,7 +100,7 @@ def _steps(result, first, last):
     return [result["losses"][str(s)] for s in range(first, last + 1)], [result["grad_norms"][str(s)] for s in range(first, last + 1)]
 
 
-@pytest.mark.parametrize("name", ["l1", "dp4", "tied"])
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_resume_continues_exactly(runs, name):
     _, _, same, _ = runs
     straight, half, resumed = same[f"{name}_straight"], same[f"{name}_half"], same[f"{name}_resumed"]
@@ -106,7 +110,7 @@ def test_resume_continues_exactly(runs, name):
     assert len(set(straight["losses"].values())) == 2 * N  # the steps did change the model
 
 
-@pytest.mark.parametrize("name", ["l1", "dp4", "tied"])
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_save_dir_holds_complete_checkpoints_only(runs, name):
     a, _, _, _ = runs
     save = a / name
@@ -115,8 +119,8 @@ def test_save_dir_holds_complete_checkpoints_only(runs, name):
     from hybridpar.checkpoint import verify
 
     manifest = verify(str(save / f"step-{N:06d}"))
-    layout = {"l1": L1, "dp4": DP4, "tied": TIED}[name]
-    world = layout["tp"] * layout["pp"] * layout["dp"]
+    layout = LAYOUTS[name]
+    world = layout["tp"] * layout.get("cp", 1) * layout["pp"] * layout["dp"]
     assert sorted(manifest.rank_files()) == [f"rank-{r:05d}.pt" for r in range(world)]
     assert manifest.step == N and manifest.adam_step == N
     assert {"plan.json", "manifest.json"} <= set(os.listdir(save / f"step-{N:06d}"))
@@ -127,6 +131,7 @@ RESHARDS = [  # (job, its re-saved checkpoint, the original checkpoint, the stra
     ("tp1pp4z0_from_l1", "b/tp1pp4", "a/l1", "l1_straight"),
     ("tp2pp2_from_tp1pp4", "b/tp2pp2", "a/l1", "l1_straight"),
     ("tied_pp1_from_vpp", "b/tied", "a/tied", "tied_straight"),
+    ("dp4_from_cp", "b/cp", "a/cp", "cp_straight"),
 ]
 
 
