@@ -265,7 +265,7 @@ class StepCost:
 
 
 def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float, bwd_mb: float) -> float:
-    d = plan.dp
+    d = plan.zero_group  # CP ranks hold the same weights: gradients are reduced over DP x CP
     if d == 1:
         return 0.0
     bw = gpu.nvlink_gbps if plan.world_size <= plan.gpus_per_node else gpu.network_gbps
@@ -340,7 +340,7 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
 
     dp = _dp_time(plan, gpu, sw, n_params, fwd_mb, bwd_mb)
     tied = _tied_embedding_sync(plan, gpu, sw)
-    shard = n_params / (plan.dp if plan.zero_stage >= 1 else 1)
+    shard = n_params / (plan.zero_group if plan.zero_stage >= 1 else 1)
     optimizer = hbm_time(OPTIMIZER_BYTES_PER_PARAM * shard, gpu)
 
     step = n_mb * mb_total + bubble + dp + tied + optimizer

@@ -100,7 +100,7 @@ def in_flight(plan: Plan, rank: int) -> float:
 def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMemory:
     m, t = plan.model, plan.tp
     n = params_per_rank(plan, stage)
-    weights, grads, optimizer = model_state_bytes(n, plan.dp, plan.zero_stage, sw.fp32_grads,
+    weights, grads, optimizer = model_state_bytes(n, plan.zero_group, plan.zero_stage, sw.fp32_grads,
                                                   sw.zero2_reduce_once)
 
     tokens = plan.micro_batch * plan.seq_len / plan.cp
@@ -128,4 +128,4 @@ def plan_memory(plan: Plan, sw: Software = HYBRIDPAR) -> StageMemory:
 def weights_floor_bytes(plan: Plan) -> float:
     """A lower bound on any ZeRO stage's model states, for fast pruning and error messages."""
     n = max(params_per_rank(plan, s) for s in stages(plan))
-    return 16 * n / plan.dp
+    return 16 * n / plan.zero_group

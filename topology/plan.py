@@ -48,6 +48,12 @@ class Plan:
         return self.tp * self.cp * self.pp * self.dp
 
     @property
+    def zero_group(self) -> int:
+        """Ranks that hold the same weights: DP x CP. ZeRO shards over them and the gradients are
+        averaged over them (megatron-core's data-parallel group with CP; hybridpar's mesh dp_cp)."""
+        return self.dp * self.cp
+
+    @property
     def grad_accum(self) -> int:
         """Micro-batches per pipeline per optimizer step."""
         return self.global_batch // (self.dp * self.micro_batch)

@@ -74,7 +74,7 @@ def cost_model_bytes(plan: Plan, sw: Software = HYBRIDPAR, dtype_bytes: int = 2,
     exposed part where a backward collective overlaps a GEMM (software.Software.tp_bwd_overlap)."""
     from .cost import pp_message_bytes, pp_messages, step_cost
 
-    m, t, d, mb = plan.model, plan.tp, plan.dp, plan.grad_accum
+    m, t, d, mb = plan.model, plan.tp, plan.zero_group, plan.grad_accum
     st = _stage(plan, step_cost(plan, sw).stage_rank if pp_rank is None else pp_rank)
     tokens = plan.micro_batch * plan.seq_len // plan.cp
     act = tokens * m.hidden * dtype_bytes
@@ -110,7 +110,7 @@ def runtime_bytes(plan: Plan, pp_rank: int = 0, dtype_bytes: int = 4, grad_bytes
     ``bucket_allreduce``: DeepSpeed's ZeRO-1/2 ``use_multi_rank_bucket_allreduce`` (default on,
     and hybridpar does not set it): each gradient bucket is all-reduced in full, and each rank
     keeps its partition, instead of reducing every partition to its owner."""
-    m, t, d, mb = plan.model, plan.tp, plan.dp, plan.grad_accum
+    m, t, d, mb = plan.model, plan.tp, plan.zero_group, plan.grad_accum
     st = _stage(plan, pp_rank)
     tokens = plan.micro_batch * plan.seq_len // plan.cp
     act = tokens * m.hidden * dtype_bytes
