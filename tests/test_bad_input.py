@@ -71,6 +71,7 @@ CASES = [
     # train layouts
     ("train-tp-not-dividing-world", f"train --recipe {TINY} --nproc 8 --tp 3", "not divisible by tp x cp x pp"),
     ("train-world-mismatch", f"train --recipe {TINY} --nproc 6", "world size 6"),
+    ("train-seq-not-divisible-by-2cp", f"train --recipe {TINY} --nproc 3 --cp 3 --tp 1 --pp 1", "seq_len 32 not divisible by 2 x cp = 6"),
     ("train-heads-not-divisible", "train --recipe heads.yaml --nproc 4", "heads 6 not divisible by tp 4"),
     ("train-layers-not-divisible", f"train --recipe {TINY} --nproc 8 --vpp 3", "layers 4 not divisible"),
     ("train-global-batch", "train --recipe gbatch.yaml", "global batch 15 not divisible"),

@@ -13,13 +13,14 @@ from ..errors import UsageError
 
 HELP = "train a recipe: --nproc N starts N local ranks; under torchrun it runs as one rank"
 
-OVERRIDES = ("tp", "pp", "dp", "vpp", "zero", "micro_batch", "recompute", "global_batch", "steps", "seed")
+OVERRIDES = ("tp", "cp", "pp", "dp", "vpp", "zero", "micro_batch", "recompute", "global_batch", "steps", "seed")
 
 
 def add_arguments(p):
     p.add_argument("--recipe", required=True, help="recipe YAML file (format: README, 'Training')")
     p.add_argument("--nproc", type=int, help="start this many local ranks (torch's elastic launcher)")
     p.add_argument("--tp", type=int, help="tensor-parallel size (overrides the recipe)")
+    p.add_argument("--cp", type=int, help="context-parallel size (each sequence split over cp ranks)")
     p.add_argument("--pp", type=int, help="pipeline-parallel size")
     p.add_argument("--dp", type=int, help="data-parallel size; derived as world / (tp x cp x pp) when left out")
     p.add_argument("--vpp", type=int, help="virtual pipeline stages per rank (interleaved 1F1B)")
