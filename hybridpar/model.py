@@ -35,6 +35,7 @@ class ModelOptions:
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
     attention: str = "sdpa"  # sdpa: torch's fused kernels (attention.py) | megatron: materialised scores
+    lighter_end_stages: bool = False  # Llama 3's split: embedding and loss count as a layer each
     recompute: str = "none"  # none | selective (core attention) | full (every layer): topology.plan.Plan.recompute
 
 
@@ -81,6 +82,8 @@ def transformer_config(spec: ModelSpec, mesh, opts: ModelOptions):
         # megatron's unbatched path puts one direction on another communicator instead.
         batch_p2p_comm=not (mesh.layout.pp == 2 and mesh.vpp > 1),
         deallocate_pipeline_outputs=False,
+        account_for_embedding_in_pipeline_split=opts.lighter_end_stages,
+        account_for_loss_in_pipeline_split=opts.lighter_end_stages,
     )
     # Activation recomputation (the planner's Plan.recompute). selective: megatron's default
     # recompute_modules, ["core_attn"]: core attention (with SDPA, the attention kernel alone) is

@@ -182,7 +182,7 @@ class Recipe:
             sequence_parallel=p.sequence_parallel, precision=self.resolved_precision(), order=p.order,
             recompute=p.recompute,
             gpu=self.cluster.gpu, gpus_per_node=self.cluster.gpus_per_node,
-        )
+        ).with_default_split()
 
     def optim_config(self):
         from .engine import OptimConfig

@@ -59,7 +59,8 @@ class Job:
         self.tied = plan.model.tied_embeddings if tied is None else tied
         self.sequence_parallel = plan.sequence_parallel and plan.tp > 1
         opts = ModelOptions(seq_len=plan.seq_len, sequence_parallel=self.sequence_parallel, tied_embeddings=self.tied,
-                            dtype=self.dtype, rope_base=plan.model.rope_theta, recompute=plan.recompute)
+                            dtype=self.dtype, rope_base=plan.model.rope_theta, recompute=plan.recompute,
+                            lighter_end_stages=plan.lighter_end_stages)
         torch.manual_seed(seed)
         self.chunks = build_model(plan.model, self.mesh, opts, seed=seed)
         self.engine = StageEngine(

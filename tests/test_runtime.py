@@ -1,5 +1,5 @@
 """The runtime's acceptance tests (issue 3 section 7): every 8-rank layout trains like one process
-(DP, TP, PP, VPP, SP, CP, ZeRO 0/1/2, tied embeddings).
+(DP, TP, PP, VPP, SP, CP, ZeRO 0/1/2, tied embeddings, lighter end stages).
 
 Two torchrun launches cover everything: the one-process reference (untied and tied
 embeddings), then one 8-rank launch whose worker loops over all layouts, destroying and
@@ -40,9 +40,17 @@ LAYOUTS = [
     {"name": "tp2_cp2_pp2_zero0", "tp": 2, "cp": 2, "pp": 2, "dp": 1, "zero": 0},
     {"name": "cp2_pp2_dp2_zero2", "cp": 2, "pp": 2, "dp": 2, "zero": 2},
     {"name": "tp2_cp2_dp2_sp", "tp": 2, "cp": 2, "dp": 2, "zero": 1, "sp": True},
+    # Llama 3's lighter end stages on a 6-layer model: embedding and loss count as one layer each.
+    {"name": "pp4_dp2_lighter", "layers": 6, "pp": 4, "dp": 2, "zero": 1, "lighter": True},
+    {"name": "tp2_pp2_dp2_vpp4_lighter", "layers": 6, "tp": 2, "pp": 2, "dp": 2, "vpp": 4, "zero": 1, "lighter": True},
 ]
+# Decoder layers per model chunk on each rank of the lighter-end-stage layouts (rank order).
+LIGHTER_SPLIT = {
+    "pp4_dp2_lighter": [[1], [2], [2], [1]] * 2,  # pp is inside dp: ranks 0-3 are one pipeline
+    "tp2_pp2_dp2_vpp4_lighter": ([[0, 1, 1, 1]] * 2 + [[1, 1, 1, 0]] * 2) * 2,  # tp innermost, then pp
+}
 RECORD = ["tp2_pp2_dp2_zero1", "pp4_dp2"]
-REFERENCES = [{"name": "ref"}, {"name": "ref_tied", "tied": True},
+REFERENCES = [{"name": "ref"}, {"name": "ref_tied", "tied": True}, {"name": "ref_6_layers", "layers": 6},
               {"name": "memorise", "fixed_batch": True, "lr": 1e-2}]
 LR = 3e-3
 # Weights: Adam divides the momentum by sqrt(v). Where the momentum of one element nearly
@@ -68,6 +76,8 @@ def runs(tmp_path_factory):
 
 
 def _reference_name(layout):
+    if layout.get("layers") == 6:
+        return "ref_6_layers"
     return "ref_tied" if layout.get("tied") else "ref"
 
 
@@ -85,6 +95,8 @@ def test_layout_trains_like_one_process(runs, layout):
     assert norm_diff <= TOL, (name, got["grad_norms"], want["grad_norms"])  # relative
     assert got["lrs"] == want["lrs"]
     assert all(got["replicas_identical"]), got["replicas_identical"]
+    if name in LIGHTER_SPLIT:
+        assert got["layers_per_rank"] == LIGHTER_SPLIT[name], got["layers_per_rank"]
     w_got = torch.load(base / "par" / f"{name}.pt")
     w_ref = torch.load(base / "ref" / f"{ref_name}.pt")
     assert sorted(w_got) == sorted(w_ref)

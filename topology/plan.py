@@ -114,6 +114,14 @@ class Plan:
             out.append(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         return out
 
+    def with_default_split(self) -> "Plan":
+        """Llama 3's lighter end stages (embedding and loss count as a layer each on the first and
+        last pipeline stage) when the layers do not divide evenly over pp x vpp but layers + 2 do."""
+        slots = self.pp * self.vpp
+        if self.pp > 1 and self.model.layers % slots and (self.model.layers + 2) % slots == 0:
+            return self.with_(lighter_end_stages=True)
+        return self
+
     def validate(self) -> "Plan":
         problems = self.violations()
         if problems:

@@ -140,11 +140,7 @@ def search(req: Request, top: int = 5) -> SearchResult:
 
 
 def _with_split(plan: Plan) -> Plan:
-    """Llama 3's lighter end stages when the layers do not divide evenly but layers + 2 do."""
-    slots = plan.pp * plan.vpp
-    if plan.pp > 1 and plan.model.layers % slots and (plan.model.layers + 2) % slots == 0:
-        return plan.with_(lighter_end_stages=True)
-    return plan
+    return plan.with_default_split()
 
 
 def _layout_problems(plan: Plan, gpus: int, per_node: int) -> list[str]:

@@ -41,6 +41,8 @@ SEQ, GLOBAL_BATCH = 32, 16
 
 def make_job(cfg: dict, layout: dict) -> Job:
     model = MODEL if not layout.get("tied") else ModelSpec(**{**MODEL.to_dict(), "tied_embeddings": True})
+    if layout.get("layers"):
+        model = ModelSpec(**{**model.to_dict(), "layers": layout["layers"]})
     plan = Plan(
         model=model, seq_len=SEQ, global_batch=GLOBAL_BATCH, precision="fp32",
         tp=layout.get("tp", 1), pp=layout.get("pp", 1), dp=layout.get("dp", 1), vpp=layout.get("vpp", 1),
@@ -48,7 +50,9 @@ def make_job(cfg: dict, layout: dict) -> Job:
         micro_batch=layout.get("micro_batch", 2), zero_stage=layout.get("zero", 1),
         sequence_parallel=layout.get("sp", False),
     )
+    plan = plan.with_default_split()  # lighter end stages where layers + 2 divide and layers do not
     assert not plan.violations(), plan.violations()
+    assert plan.lighter_end_stages == bool(layout.get("lighter")), (layout, plan.lighter_end_stages)
     lr = layout.get("lr", cfg.get("lr", 3e-3))
     optim = OptimConfig(lr=lr, min_lr=lr / 10, warmup_steps=2, total_steps=cfg["steps"],
                         grad_clip=cfg.get("grad_clip", 1.0), eps=layout.get("eps", cfg.get("eps", 1e-8)))
@@ -90,12 +94,14 @@ def run_layout(cfg, layout, recorder):
         norms.append(m.grad_norm)
         lrs.append(m.lr)
         times.append(m.step_time_s)
+    layers = [None] * dist.get_world_size()
+    dist.all_gather_object(layers, [len(c.decoder.layers) for c in job.chunks])
     state = job.full_state_dict()
     inner = job.engine.engine.optimizer
     inner = getattr(inner, "optimizer", inner)  # ZeRO wraps the client torch optimizer
     opt_numel = sum(s["exp_avg"].numel() for s in inner.state.values() if "exp_avg" in s)
     job.close()
-    return {"opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
+    return {"layers_per_rank": layers, "opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
 
 
 def main():
