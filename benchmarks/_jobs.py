@@ -11,6 +11,7 @@ from topology.plan import Plan
 class Layout:
     name: str
     tp: int = 1
+    cp: int = 1
     pp: int = 1
     dp: int = 1
     zero: int = 1
@@ -19,11 +20,11 @@ class Layout:
 
     @property
     def world(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @classmethod
     def parse(cls, text: str) -> "Layout":
-        """'tp2_pp2_dp2_z1[_sp]' -> Layout."""
+        """'tp2_cp2_pp2_dp2_z1[_sp]' -> Layout."""
         kw = {"name": text}
         for part in text.split("_"):
             if part == "sp":
@@ -32,6 +33,8 @@ class Layout:
                 kw["reduce_to_owner"] = True
             elif part.startswith("tp"):
                 kw["tp"] = int(part[2:])
+            elif part.startswith("cp"):
+                kw["cp"] = int(part[2:])
             elif part.startswith("pp"):
                 kw["pp"] = int(part[2:])
             elif part.startswith("dp"):
@@ -46,7 +49,7 @@ class Layout:
 def make_plan(layout: Layout, model: str = "tiny", seq_len: int = 32, global_batch: int = 16,
               micro_batch: int = 2, precision: str = "fp32") -> Plan:
     spec = load_model(model) if isinstance(model, str) else model
-    plan = Plan(model=spec, seq_len=seq_len, global_batch=global_batch, tp=layout.tp, pp=layout.pp,
+    plan = Plan(model=spec, seq_len=seq_len, global_batch=global_batch, tp=layout.tp, cp=layout.cp, pp=layout.pp,
                 dp=layout.dp, micro_batch=micro_batch, zero_stage=layout.zero, sequence_parallel=layout.sp,
                 precision=precision)
     bad = plan.violations()

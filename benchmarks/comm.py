@@ -1,4 +1,4 @@
-"""comm: bytes per axis (tp, pp, dp) recorded in real training steps vs the planner's model.
+"""comm: bytes per axis (tp, cp, pp, dp) recorded in real training steps vs the planner's model.
 
 `hybridpar bench comm [--layouts tp2_pp2_dp2_z1,...] [--model tiny]` starts one 8-rank launch
 (gloo, fp32, CPU) that runs every layout in turn; for each, one warm-up step, then one step with
@@ -27,8 +27,8 @@ from benchmarks._jobs import Layout, make_job, make_plan
 from benchmarks.results_io import RESULTS_DIR, write_result
 
 DEFAULT_LAYOUTS = ("tp2_pp2_dp2_z1,tp2_pp2_dp2_z0,tp2_pp2_dp2_z2,tp2_pp2_dp2_z1_sp,tp2_pp2_dp2_z1_rs,"
-                   "dp8_z0,dp8_z1,dp8_z1_rs,pp4_dp2_z1")
-AXES = ("tp", "pp", "dp")
+                   "dp8_z0,dp8_z1,dp8_z1_rs,pp4_dp2_z1,cp2_pp2_dp2_z1,cp4_dp2_z1")
+AXES = ("tp", "cp", "pp", "dp")
 DTYPE_BYTES = 4  # fp32 on CPU; DeepSpeed reduces in fp32 (hybridpar's communication_data_type)
 
 
@@ -52,6 +52,7 @@ def worker(out: str, layouts: list[str], model: str) -> None:
             job.train_step(2)
         mesh = job.mesh
         mine = {"rank": mesh.rank, "pp_rank": mesh.pp_rank, "tp_rank": mesh.tp_rank, "dp_rank": mesh.dp_rank,
+                "cp_rank": mesh.coord.cp,
                 "axes": summarize(list(events), mesh.members, dist.get_world_size()),
                 "params": sum(p.numel() for c in job.chunks for p in c.parameters())}
         gathered = [None] * dist.get_world_size()
@@ -73,7 +74,7 @@ def analyse(name: str, ranks: list[dict], model: str) -> list[dict]:
     plan = make_plan(layout, model=model)
     rows = []
     for r in sorted(ranks, key=lambda r: r["pp_rank"]):
-        if r["tp_rank"] or r["dp_rank"]:
+        if r["tp_rank"] or r["dp_rank"] or r.get("cp_rank", 0):
             continue
         exact = runtime_bytes(plan, r["pp_rank"], dtype_bytes=DTYPE_BYTES, grad_bytes=4,
                               bucket_allreduce=not layout.reduce_to_owner)
@@ -87,7 +88,7 @@ def analyse(name: str, ranks: list[dict], model: str) -> list[dict]:
                    "vs_runtime_model_pct": pct(got["wire_bytes"], exact[axis].wire_bytes),
                    "vs_planner_pct": pct(got["wire_bytes"], cost[axis].wire_bytes)}
             if axis == "dp":
-                row["dp_ring_lower_bound"] = dp_ring_lower_bound(stage_n, plan.dp, 4)
+                row["dp_ring_lower_bound"] = dp_ring_lower_bound(stage_n, plan.zero_group, 4)
                 row["params_counted"] = r["params"]
                 row["params_planner"] = stage_n
             rows.append(row)

@@ -27,7 +27,10 @@ COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_sca
                "broadcast", "reduce", "all_to_all", "all_to_all_single", "all_gather_object", "barrier")
 P2P = ("isend", "irecv", "send", "recv")
 # Group kinds in the order a group is matched (a DP-only world's dp group is also the world).
-KINDS = ("tp", "cp", "pp", "dp", "embedding", "mp")
+KINDS = ("tp", "cp", "pp", "dp", "dp_cp", "embedding", "mp")
+# ZeRO's DP x CP group carries the DP axis' traffic when cp > 1. With dp = 1 it is the CP group
+# itself and a collective's group cannot tell gradients from K/V: it is counted under cp.
+AXIS_OF_KIND = {"dp_cp": "dp"}
 
 
 def _tensor_bytes(t) -> int:
@@ -138,6 +141,7 @@ def summarize(events: list[dict], members: dict, world: int, scalar_numel: int =
         if e["op"] in ("barrier", "all_gather_object"):
             continue
         kind = group_kind(e["group"], members, world)
+        kind = AXIS_OF_KIND.get(kind, kind)
         if e["numel"] <= scalar_numel:
             kind += "_scalar"
         row = out[kind]

@@ -178,7 +178,9 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
                 tp_t += _hidden(ar, wgrad, sw)
     cp_t = 0.0
     if cp > 1:
-        exchanges = 2 + (1 if recompute == "full" else 0)  # K/V all-gather fwd, dK/dV reduce-scatter bwd
+        # K/V all-gather fwd, dK/dV reduce-scatter bwd; recomputation (full, or selective: core
+        # attention, where the exchange lives) gathers again in backward.
+        exchanges = 2 + (1 if recompute in ("full", "selective") else 0)
         kv_bytes = mb * seq * 2 * kv / tp * 2
         cp_bw = gpu.nvlink_gbps if tp * cp <= gpus_per_node else gpu.network_gbps
         cp_t = exchanges * link_time((cp - 1) / cp * kv_bytes, cp_bw)

@@ -66,6 +66,17 @@ def _stage(plan: Plan, pp_rank: int):
     return sts[1]
 
 
+def _kv_bytes(plan: Plan, dtype_bytes: int) -> float:
+    """K and V of one micro-batch's whole sequence on one TP rank (what a CP all-gather assembles)."""
+    m = plan.model
+    return plan.micro_batch * plan.seq_len * 2 * m.kv_heads * m.head_dim / plan.tp * dtype_bytes
+
+
+def _cp_gathers(plan: Plan) -> int:
+    """K/V all-gathers per layer and micro-batch: forward, plus backward when recomputed."""
+    return 1 + (1 if plan.recompute in ("full", "selective") else 0)
+
+
 def cost_model_bytes(plan: Plan, sw: Software = HYBRIDPAR, dtype_bytes: int = 2,
                      pp_rank: int | None = None) -> dict[str, AxisBytes]:
     """Per-rank bytes per step behind cost.py's TP, PP and DP terms on pipeline rank ``pp_rank``
@@ -99,17 +110,22 @@ def cost_model_bytes(plan: Plan, sw: Software = HYBRIDPAR, dtype_bytes: int = 2,
     rs = n * grad_b * (mb if per_mb else 1) * (2 if full else 1)
     gather = n * dtype_bytes
     dp = AxisBytes(0, rs + gather, _ring(d, False) * (rs + gather)) if d > 1 else AxisBytes(0, 0.0, 0.0)
-    return {"tp": tp, "pp": pp, "dp": dp}
+    cp = AxisBytes(0, 0.0, 0.0)
+    if plan.cp > 1 and st.layers:  # cost.layer_time: K/V all-gather(s) + one dK/dV reduce-scatter
+        kv = _kv_bytes(plan, dtype_bytes) * st.layers * mb * (_cp_gathers(plan) + 1)
+        cp = AxisBytes(0, kv, _ring(plan.cp, False) * kv)
+    return {"tp": tp, "cp": cp, "pp": pp, "dp": dp}
 
 
 def runtime_bytes(plan: Plan, pp_rank: int = 0, dtype_bytes: int = 4, grad_bytes: int = 4,
-                  bucket_allreduce: bool = True) -> dict[str, AxisBytes]:
+                  bucket_allreduce: bool = True, gloo: bool = True) -> dict[str, AxisBytes]:
     """Per-rank bytes per step that hybridpar's runtime moves on pipeline rank ``pp_rank``
     (no interleaving, untied embeddings; scalars such as the logged loss and norms excluded).
 
     ``bucket_allreduce``: DeepSpeed's ZeRO-1/2 ``use_multi_rank_bucket_allreduce`` (default on,
     and hybridpar does not set it): each gradient bucket is all-reduced in full, and each rank
-    keeps its partition, instead of reducing every partition to its owner."""
+    keeps its partition, instead of reducing every partition to its owner. ``gloo``: the CP
+    backward sums dK/dV with an all-reduce (gloo has no reduce-scatter); False: NCCL's reduce-scatter."""
     m, t, d, mb = plan.model, plan.tp, plan.zero_group, plan.grad_accum
     st = _stage(plan, pp_rank)
     tokens = plan.micro_batch * plan.seq_len // plan.cp
@@ -151,7 +167,15 @@ def runtime_bytes(plan: Plan, pp_rank: int = 0, dtype_bytes: int = 4, grad_bytes
     else:  # reduce (or all-reduce) the gradients, then all-gather the updated weights
         reduce = _ring(d, bucket_allreduce) * n * grad_bytes
         dp = AxisBytes(0, n * grad_bytes + n * dtype_bytes, reduce + _ring(d, False) * n * dtype_bytes)
-    return {"tp": AxisBytes(tp_calls, tp_buf, tp_wire), "pp": pp, "dp": dp}
+    cp = AxisBytes(0, 0.0, 0.0)
+    if plan.cp > 1 and st.layers:
+        # hybridpar/attention.py: K and V each all-gathered (again when recomputed); backward sums
+        # dK and dV with a reduce-scatter (NCCL) or, gloo having none, an all-reduce of the whole.
+        kv = _kv_bytes(plan, dtype_bytes) * st.layers * mb
+        gathers = _cp_gathers(plan)
+        cp = AxisBytes(2 * (gathers + 1) * st.layers * mb, kv * (gathers + 1),
+                       _ring(plan.cp, False) * kv * gathers + _ring(plan.cp, gloo) * kv)
+    return {"tp": AxisBytes(tp_calls, tp_buf, tp_wire), "cp": cp, "pp": pp, "dp": dp}
 
 
 def dp_ring_lower_bound(n_params: float, dp: int, grad_bytes: int) -> float:
