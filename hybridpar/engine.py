@@ -24,6 +24,27 @@ refuses ZeRO-2). hybridpar removes those hooks: gradients accumulate locally ove
 micro-batches, and at the step boundary every gradient is reduced once into its owner's DP
 partition (DeepSpeed's bucketed reduce-to-owner path: a reduce-scatter), then the optimizer steps. Same math, one
 reduction per step; the cost is a full gradient buffer during accumulation (as ZeRO-1).
+
+bf16: gradients accumulate over the micro-batches in fp32, as megatron-core's ``main_grad``
+(``_fp32_grad_accumulation``). Each bf16 parameter gets ``grad_dtype = float32`` (torch's
+``Tensor.grad_dtype``; a torch without it keeps bf16 accumulation and warns), so autograd casts
+every micro-batch's gradient to fp32 and adds it into an fp32 ``p.grad`` (no bf16 running sum;
+gradients that autograd computes in fp32, e.g. the RMSNorm weights', are no longer rounded to
+bf16 first; pipeline.py's model-parallel sums run in fp32). The price: 4 bytes per parameter for
+the gradient during accumulation instead of 2 (megatron's ``main_grad`` costs the same). At the
+step boundary ZeRO 1/2 use DeepSpeed's own fp32 accumulation path (``gradient_accumulation_dtype``
+fp32, ``use_grad_accum_attribute``, switched on after DeepSpeed builds its ZeRO optimizer, whose
+per-parameter hooks are removed): the fp32 ``p.grad`` is handed over as ``p.grad_accum``, copied
+into an fp32 bucket, reduced to its owner in fp32 (``communication_data_type``) and added into an
+fp32 gradient partition that feeds the norm, the clipping and the fp32 master step: no bf16
+rounding of the summed gradient anywhere (tests/test_bf16.py). DeepSpeed's config option
+``data_types.grad_accum_dtype: fp32`` is not used: at ZeRO-1 it selects another optimizer class
+(BF16_Optimizer: no ``reduce_gradients``, different partition bookkeeping), at ZeRO-2 it still
+stages the one deferred reduction in a bf16 bucket, and at ZeRO-0 DeepSpeed refuses it. ZeRO-0 in
+bf16: DeepSpeed wraps ``ClippedAdamW`` in its bf16 optimizer (FP16_UnfusedOptimizer), which
+all-reduces the fp32 ``p.grad`` in fp32 and copies it into fp32 master gradients. Known
+limitation (not from this path): its fp32 masters lack ``tensor_model_parallel``, so with TP > 1
+``ClippedAdamW``'s norm counts TP rank 0's shards only. fp32 runs are untouched.
 """
 from __future__ import annotations
 
@@ -138,6 +159,11 @@ def param_groups(chunks, weight_decay: float) -> list[dict]:
     return groups
 
 
+# bf16: accumulate gradients over micro-batches in fp32 (tests switch it off to measure the
+# plain bf16 accumulation it replaces).
+FP32_GRAD_ACCUM = True
+
+
 class StageEngine:
     """This rank's DeepSpeed engine over its pipeline stage's chunks."""
 
@@ -164,8 +190,49 @@ class StageEngine:
             mpu=mesh.deepspeed_mpu(),
             dist_init_required=False,
         )
+        self.fp32_grad_accum = bool(bf16 and FP32_GRAD_ACCUM)
         if zero_stage == 2:
             self._defer_zero2_reduction()
+        if self.fp32_grad_accum:
+            self._fp32_grad_accumulation()
+
+    def _params(self):
+        return [p for c in self.chunks for p in c.parameters() if p.requires_grad]
+
+    def _fp32_grad_accumulation(self) -> None:
+        """bf16 parameters, fp32 gradients: accumulated in fp32 by autograd, reduced in fp32."""
+        if not hasattr(torch.Tensor, "grad_dtype"):
+            import warnings
+
+            warnings.warn(f"torch {torch.__version__} has no Tensor.grad_dtype: bf16 gradients accumulate in bf16")
+            self.fp32_grad_accum = False
+            return
+        for p in self._params():
+            if p.dtype != torch.float32:
+                p.grad_dtype = torch.float32  # autograd casts each incoming gradient, then adds
+        if self.zero_stage == 0:
+            return
+        opt = self.engine.optimizer
+        # DeepSpeed's fp32 accumulation attribute path (ZeRO-1 with CPU offload uses it): the
+        # reduction reads p.grad_accum into an fp32 bucket and adds the fp32 result into an fp32
+        # partition buffer. Its per-parameter hooks would move p.grad into p.grad_accum after
+        # every micro-batch (before pipeline.py's model-parallel sums read p.grad): removed; the
+        # hand-over happens once, in step().
+        opt.gradient_accumulation_dtype = torch.float32
+        opt.use_separate_grad_accum = True
+        opt.use_grad_accum_attribute = True
+        for handle in opt._grad_acc_hooks:
+            handle.remove()
+        opt._grad_acc_hooks = []
+
+    def _hand_over_fp32_grads(self) -> None:
+        opt = self.engine.optimizer
+        for group in opt.bit16_groups:
+            for p in group:
+                if p.grad is not None:
+                    p.grad_accum = p.grad  # fp32 (grad_dtype): DeepSpeed reads it without a cast
+                    p.grad = None
+        opt.setup_buckets()  # fp32 buckets (allocated per step; the hooks that did it are gone)
 
     def _defer_zero2_reduction(self) -> None:
         """ZeRO-2: accumulate over micro-batches locally, reduce-scatter once at the boundary.
@@ -196,6 +263,8 @@ class StageEngine:
     def step(self, lr: float) -> float:
         """DP-reduce the accumulated gradients, clip, and apply AdamW. Returns the global grad norm."""
         self.set_lr(lr)
+        if self.fp32_grad_accum and self.zero_stage > 0:
+            self._hand_over_fp32_grads()
         self.engine.step()
         norm = self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
@@ -204,3 +273,5 @@ class StageEngine:
         for chunk in self.chunks:
             for p in chunk.parameters():
                 p.grad = None
+                if getattr(p, "grad_accum", None) is not None:
+                    p.grad_accum = None
