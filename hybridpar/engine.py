@@ -1,8 +1,9 @@
 """DeepSpeed ZeRO on the DP axis: one engine per pipeline stage, AdamW, LR schedule, clipping.
 
 Each rank wraps its stage's model chunks in one DeepSpeed engine whose ``mpu`` is the mesh's
-adapter, so ZeRO partitions optimizer state (stage 1) and gradients (stage 2) over the DP
-group only, and averages gradients over the DP group only. megatron's schedule runs the
+adapter, so ZeRO partitions optimizer state (stage 1) and gradients (stage 2) over the DP group
+only (DP x CP with context parallelism: CP ranks hold the same weights), and averages gradients
+there. megatron's schedule runs the
 micro-batches on the raw chunks; DeepSpeed does not manage gradient accumulation
 (``managed_gradient_accumulation: false``): ``StageEngine.step()`` is the one boundary per
 global batch, where DeepSpeed reduces over DP and applies AdamW.
@@ -11,8 +12,8 @@ Every DeepSpeed default that changes the math is set explicitly (gradient_clippi
 predivide/prescale, communication dtype, loss scaling, bf16/fp16).
 
 Gradient-norm clipping is global over all TP/PP shards and equal to one-process clipping:
-- ZeRO 1/2: DeepSpeed's own norm: squared norms of each DP partition, summed over the DP group
-  and then over the replica (``mpu.get_model_parallel_group()`` = tp x cp x pp); a parameter
+- ZeRO 1/2: DeepSpeed's own norm: squared norms of each partition, summed over the DP (x CP)
+  group and then over the replica's distinct shards (``mpu.get_model_parallel_group()`` = tp x pp); a parameter
   replicated across TP counts on TP rank 0 only; the last stage's copy of a tied embedding is
   marked ``ds_pipe_replicated`` and not counted.
 - ZeRO 0: DeepSpeed's stage-0 path cannot skip pipeline copies, so DeepSpeed's clipping is off
@@ -43,8 +44,9 @@ rounding of the summed gradient anywhere (tests/test_bf16.py). DeepSpeed's confi
 stages the one deferred reduction in a bf16 bucket, and at ZeRO-0 DeepSpeed refuses it. ZeRO-0 in
 bf16: DeepSpeed wraps ``ClippedAdamW`` in its bf16 optimizer (FP16_UnfusedOptimizer), which
 all-reduces the fp32 ``p.grad`` in fp32 and copies it into fp32 master gradients. Known
-limitation (not from this path): its fp32 masters lack ``tensor_model_parallel``, so with TP > 1
-``ClippedAdamW``'s norm counts TP rank 0's shards only. fp32 runs are untouched.
+copy of megatron's TP attributes onto its fp32 masters keeps ``ClippedAdamW``'s norm over every TP
+shard, and the AdamW step the wrapper runs on zero gradients at construction is undone
+(``_label_fp32_masters``). fp32 runs are untouched.
 """
 from __future__ import annotations
 
@@ -78,6 +80,10 @@ def lr_at(step: int, cfg: OptimConfig, global_batch: int) -> float:
     decay_steps = max(1, cfg.total_steps - cfg.warmup_steps)
     progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
     return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+NORM_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partition_stride", "ds_pipe_replicated",
+                   "sequence_parallel", "shared_embedding")
 
 
 def counted_in_norm(p, tp_rank: int) -> bool:
@@ -191,6 +197,7 @@ class StageEngine:
             dist_init_required=False,
         )
         self.fp32_grad_accum = bool(bf16 and FP32_GRAD_ACCUM)
+        self._label_fp32_masters()
         if zero_stage == 2:
             self._defer_zero2_reduction()
         if self.fp32_grad_accum:
@@ -198,6 +205,27 @@ class StageEngine:
 
     def _params(self):
         return [p for c in self.chunks for p in c.parameters() if p.requires_grad]
+
+    def _label_fp32_masters(self) -> None:
+        """ZeRO-0 in bf16: DeepSpeed's bf16 wrapper (FP16_UnfusedOptimizer) steps ``ClippedAdamW`` on
+        fp32 master copies of the parameters. Two repairs, both no-ops for every other optimizer:
+        - the masters lack megatron's TP attributes that ``grad_norm`` reads: copy them over, so
+          every TP shard counts in the norm;
+        - the wrapper's ``initialize_optimizer_states`` already ran one AdamW step on zero gradients
+          (Adam's step count 1, weight decay applied to the masters once): forget that state and
+          restore the masters from the model's weights, so the first real step is AdamW's first."""
+        wrapper = self.engine.optimizer
+        low_groups, high_groups = getattr(wrapper, "fp16_groups", None), getattr(wrapper, "fp32_groups", None)
+        if low_groups is None or high_groups is None:
+            return
+        with torch.no_grad():
+            for low, high in zip(low_groups, high_groups):
+                for p, master in zip(low, high):
+                    for name in NORM_ATTRIBUTES:
+                        if hasattr(p, name):
+                            setattr(master, name, getattr(p, name))
+                    master.copy_(p.float())
+        wrapper.optimizer.state.clear()
 
     def _fp32_grad_accumulation(self) -> None:
         """bf16 parameters, fp32 gradients: accumulated in fp32 by autograd, reduced in fp32."""
@@ -266,7 +294,10 @@ class StageEngine:
         if self.fp32_grad_accum and self.zero_stage > 0:
             self._hand_over_fp32_grads()
         self.engine.step()
-        norm = self.engine.get_global_grad_norm()
+        # ZeRO-0: ClippedAdamW's norm (DeepSpeed's bf16 wrapper around it reports a norm of its own
+        # that ignores hybridpar's clipping rules); ZeRO 1/2: DeepSpeed's.
+        inner = getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)
+        norm = inner._global_grad_norm if isinstance(inner, ClippedAdamW) else self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
 
     def zero_grad(self) -> None:

@@ -9,8 +9,11 @@ One 4-rank launch (tests/workers/bf16_worker.py):
   exact (fp64) DP average of the sums of the micro-batch gradients autograd produced. Measured:
   with fp32 accumulation ~3-4e-9 relative L2 error (fp32 summation order); plain bf16
   accumulation 4.4e-3 (16 micro-batches, DP2) to 5.8e-3 (32 micro-batches).
-- training: 3 bf16 steps against 3 fp32 steps of the same layout (TP2xPP2 ZeRO-1, PP2xDP2 ZeRO-2).
-  Measured: losses within 1.6e-4, grad norms within 0.5%.
+- training: 3 bf16 steps against 3 fp32 steps of the same layout (TP2xPP2 ZeRO-1, PP2xDP2 ZeRO-2,
+  TP2xDP2 ZeRO-0).
+  Measured: losses within 1.6e-4, grad norms within 0.5%. (ZeRO-0 was 4e-3 / 34% off before
+  engine.py undid the AdamW step DeepSpeed's bf16 wrapper runs at construction and gave its fp32
+  masters megatron's TP attributes.)
 """
 from __future__ import annotations
 
@@ -27,6 +30,9 @@ ACCUM = [
 TRAIN = [
     {"name": "tp2_pp2_zero1", "tp": 2, "pp": 2, "dp": 1, "zero": 1, "micro_batch": 2},
     {"name": "pp2_dp2_zero2", "pp": 2, "dp": 2, "zero": 2, "micro_batch": 2},
+    # ZeRO-0: DeepSpeed's bf16 wrapper steps fp32 masters, which get megatron's TP attributes
+    # (engine.py _label_fp32_masters) so the clipping norm counts both TP shards.
+    {"name": "tp2_dp2_zero0", "tp": 2, "dp": 2, "zero": 0, "micro_batch": 2},
 ]
 STEPS = 3
 FP32_ACCUM_MAX_ERR = 1e-6  # fp32 accumulation: only fp32 summation-order error (measured ~4e-9)
