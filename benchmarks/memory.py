@@ -107,9 +107,10 @@ def worker(out: str, dp: int, zeros: list[int]) -> None:
 
 
 def planner_rows(n: float, dp: int, z: int) -> dict:
-    # bf16 mixed precision, as planned for hybridpar (its ZeRO-2 keeps the full gradients)
-    w, g, o = model_state_bytes(n, dp, z, zero2_reduce_once=HYBRIDPAR.zero2_reduce_once)
-    fp32 = {"weights": 2 * w, "grads": 2 * g, "optimizer": (8 * n if z == 0 else o)}
+    # bf16 mixed precision, as planned for hybridpar (fp32 gradients; its ZeRO-2 keeps them whole)
+    w, g, o = model_state_bytes(n, dp, z, fp32_grads=HYBRIDPAR.fp32_grads, zero2_reduce_once=HYBRIDPAR.zero2_reduce_once)
+    grads_fp32 = g if HYBRIDPAR.fp32_grads else 2 * g
+    fp32 = {"weights": 2 * w, "grads": grads_fp32, "optimizer": (8 * n if z == 0 else o)}
     return {"planner_bf16": {"weights": w, "grads": g, "optimizer": o}, "planner_fp32": fp32}
 
 

@@ -136,8 +136,8 @@ def test_memory_model_restated_for_fp32():
     z0, z1 = planner_rows(n, 4, 0), planner_rows(n, 4, 1)
     assert z0["planner_fp32"] == {"weights": 4 * n, "grads": 4 * n, "optimizer": 8 * n}
     assert z1["planner_fp32"]["optimizer"] == 12 * n / 4 == z1["planner_bf16"]["optimizer"]
-    # hybridpar's ZeRO-2 keeps the full gradients until its one reduction (as measured)
-    assert planner_rows(n, 4, 2)["planner_bf16"]["grads"] == 2 * n
+    # hybridpar's ZeRO-2 keeps the full (fp32) gradients until its one reduction (as measured)
+    assert planner_rows(n, 4, 2)["planner_bf16"]["grads"] == 4 * n
 
 
 def test_paired_ratios_and_spread():

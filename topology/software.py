@@ -74,12 +74,14 @@ class Software:
 # reduces the gradients when hybridpar calls engine.step() after the schedule's last backward, and
 # all-gathers the updated weights before returning (engine.py: overlap_comm is off, and DeepSpeed
 # allows it with an outside schedule only for its per-parameter ZeRO-2 hooks), so neither
-# overlaps compute.
-HYBRIDPAR = Software(overlap_dp=False, zero2_reduce_once=True, full_grad_allreduce=True)
+# overlaps compute. Gradients accumulate in fp32 (bf16 runs: Tensor.grad_dtype, engine.py) and are
+# reduced in fp32 (communication_data_type).
+HYBRIDPAR = Software(overlap_dp=False, zero2_reduce_once=True, full_grad_allreduce=True, fp32_grads=True)
 # megatron-core / NeMo (and Llama 3's stack): the same layers, megatron-core's distributed
 # optimizer (a reduce-scatter of the gradients, overlapped with the last backward; the weight
 # all-gather with the next forward) and classic ZeRO-2.
-MEGATRON_CORE = replace(HYBRIDPAR, overlap_dp=True, zero2_reduce_once=False, full_grad_allreduce=False)
+MEGATRON_CORE = replace(HYBRIDPAR, overlap_dp=True, zero2_reduce_once=False, full_grad_allreduce=False,
+                        fp32_grads=False)
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
 # DP all-reduce after the pipeline flush, blocking pipeline sends.
