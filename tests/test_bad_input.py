@@ -73,7 +73,8 @@ CASES = [
     ("train-world-mismatch", f"train --recipe {TINY} --nproc 6", "world size 6"),
     ("train-seq-not-divisible-by-2cp", f"train --recipe {TINY} --nproc 3 --cp 3 --tp 1 --pp 1", "seq_len 32 not divisible by 2 x cp = 6"),
     ("train-heads-not-divisible", "train --recipe heads.yaml --nproc 4", "heads 6 not divisible by tp 4"),
-    ("train-layers-not-divisible", f"train --recipe {TINY} --nproc 8 --vpp 3", "layers 4 not divisible"),
+    # (--vpp 3 would be valid: 4 layers + embedding + loss = 6 = pp 2 x vpp 3, Llama 3's lighter end stages)
+    ("train-layers-not-divisible", f"train --recipe {TINY} --nproc 8 --vpp 4", "layers 4 not divisible"),
     ("train-global-batch", "train --recipe gbatch.yaml", "global batch 15 not divisible"),
     ("train-zero-steps", f"train --recipe {TINY} --steps 0", "--steps"),
     ("train-zero3", f"train --recipe {TINY} --nproc 8 --zero 3", "ZeRO-3"),

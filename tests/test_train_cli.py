@@ -54,7 +54,7 @@ def _bad_cases(tmp_path):
         "world != product": (["--recipe", tiny, "--nproc", "8", "--tp", "2", "--pp", "2", "--dp", "4"], "world size 8"),
         "kv_heads % tp": (["--recipe", tiny, "--nproc", "8", "--tp", "4", "--pp", "2", "--dp", "1"], "kv_heads 2 not divisible by tp 4"),
         "heads % tp": (["--recipe", tiny, "--nproc", "3", "--tp", "3", "--pp", "1", "--dp", "1"], "not divisible by tp 3"),
-        "layers % pp": (["--recipe", tiny, "--nproc", "6", "--tp", "1", "--pp", "3"], "layers 4 not divisible by pp x vpp"),
+        "layers % pp": (["--recipe", tiny, "--nproc", "5", "--tp", "1", "--pp", "5"], "layers 4 not divisible by pp x vpp"),
         "layers % pp*vpp": (["--recipe", tiny, "--nproc", "8", "--vpp", "4"], "layers 4 not divisible by pp x vpp = 2 x 4"),
         "global batch": (["--recipe", tiny, "--nproc", "8", "--global-batch", "10"], "global batch 10 not divisible"),
         "zero 3": (["--recipe", tiny, "--nproc", "8", "--zero", "3"], "zero 3 not supported"),
