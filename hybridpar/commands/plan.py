@@ -142,6 +142,10 @@ def render(req: Request, result) -> str:
                      f"{p.grad_accum:>4} {p.zero_stage:>1} {p.recompute:<9} {c.step_time_s:>7.3f} "
                      f"{c.tokens_per_s:>10,.0f} {c.tflops_per_gpu:>7.1f} {c.mfu:>6.1%} {c.bubble_fraction:>6.1%} "
                      f"{e.memory.total / GIB:>5.1f} {'yes' if e.fits else 'NO'}")
+    lighter = [str(i) for i, e in enumerate(result.plans, 1) if e.plan.lighter_end_stages]
+    if lighter:
+        lines.append(f"plans {', '.join(lighter)}: lighter end stages (Llama 3): {req.model.layers} layers + embedding + "
+                     f"loss over pp x vpp model chunks, the first and last holding one layer fewer")
     lines += ["", "Memory per GPU, GiB (largest pipeline stage):"]
     for i, e in enumerate(result.plans, 1):
         g = e.memory.gib()
