@@ -25,3 +25,12 @@ def run_worker(worker: str, nproc: int, cfg: dict, out: Path, timeout: int) -> d
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads((out / "results.json").read_text())
+
+
+def run_single_process_worker(worker: str, out: Path, timeout: int = 300) -> dict:
+    """Run ``tests/workers/<worker> OUT.json`` as one plain process (a world of one); return its JSON."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, str(WORKERS / worker), str(out)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(Path(out).read_text())

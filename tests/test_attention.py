@@ -5,22 +5,11 @@ GQA model: fp32 logits within 1e-5 of the largest logit and every gradient withi
 largest element (the two sum in different orders); in bf16 SDPA is no further from the fp32
 result than megatron's own bf16 path (+5%). Layout equivalence with SDPA is tests/test_runtime.py's.
 """
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+from multirank import run_single_process_worker
 
 
 def test_sdpa_attention_equals_megatron_attention(tmp_path):
-    out = tmp_path / "attention.json"
-    run = subprocess.run([sys.executable, str(REPO / "tests/workers/attention_worker.py"), str(out)], cwd=REPO,
-                         env=ENV, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    r = json.loads(out.read_text())
+    r = run_single_process_worker("attention_worker.py", tmp_path / "attention.json")
     for dtype in ("fp32", "bf16"):
         assert r[dtype]["cores"] == ["DotProductAttention", "SDPACoreAttention"], r[dtype]
         assert r[dtype]["grads_nonzero"], dtype

@@ -14,17 +14,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from multirank import run_single_process_worker
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
 
 
 def test_reference_forward_equals_megatron(tmp_path):
-    out = tmp_path / "ref.json"
-    run = subprocess.run([sys.executable, str(REPO / "tests/workers/llama_ref_worker.py"), str(out)], cwd=REPO,
-                         env=ENV, capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
-    results = json.loads(out.read_text())
+    results = run_single_process_worker("llama_ref_worker.py", tmp_path / "ref.json")
     for case, r in results.items():
         assert r["shape"] == [2, 24, 320], case
         assert r["max_logit"] > 3.0, case  # sharp, non-trivial logits
