@@ -23,7 +23,8 @@ ZeRO-2 here: DeepSpeed reduces gradients in per-parameter hooks during backward,
 when an outside schedule runs several micro-batches (and DeepSpeed's own pipeline engine
 refuses ZeRO-2). hybridpar removes those hooks: gradients accumulate locally over the
 micro-batches, and at the step boundary every gradient is reduced once into its owner's DP
-partition (DeepSpeed's bucketed reduce-to-owner path: a reduce-scatter), then the optimizer steps. Same math, one
+partition (DeepSpeed's bucketed reduction: with its default ``use_multi_rank_bucket_allreduce`` each
+bucket is all-reduced in full and each rank keeps its partition), then the optimizer steps. Same math, one
 reduction per step; the cost is a full gradient buffer during accumulation (as ZeRO-1).
 
 bf16: gradients accumulate over the micro-batches in fp32, as megatron-core's ``main_grad``
@@ -263,7 +264,7 @@ class StageEngine:
         opt.setup_buckets()  # fp32 buckets (allocated per step; the hooks that did it are gone)
 
     def _defer_zero2_reduction(self) -> None:
-        """ZeRO-2: accumulate over micro-batches locally, reduce-scatter once at the boundary.
+        """ZeRO-2: accumulate over micro-batches locally, reduce once at the boundary.
 
         DeepSpeed's per-parameter reduce hooks are removed, and the hook that DeepSpeed calls at
         the boundary of an unmanaged step (``finalize_gradient_accumulation_boundary``) is
