@@ -7,6 +7,10 @@
   partition; AdamW's moments are keyed by it.
 - ZeRO 0: a plain torch optimizer over the parameters themselves, replicated on every DP rank
   (DP rank 0 saves it; every rank loads it).
+- ZeRO 0 in bf16: DeepSpeed's bf16 wrapper (FP16_UnfusedOptimizer, ``fp16_groups`` /
+  ``fp32_groups``) around hybridpar's ClippedAdamW: the wrapper's fp32 copy of each bf16
+  parameter is its master weight, and the inner optimizer's state, keyed by those masters,
+  holds the moments. Saved and loaded like plain ZeRO 0, through the masters.
 """
 from __future__ import annotations
 
@@ -30,14 +34,24 @@ class OptimizerView:
     def __init__(self, stage_engine, dp_rank: int):  # dp_rank: index in the ZeRO group (DP x CP)
         self.opt = stage_engine.engine.optimizer
         self.dp_rank = dp_rank
+        self.masters = {}  # ZeRO-0 bf16: model parameter -> its fp32 master (absent: the parameter itself)
         if hasattr(self.opt, "single_partition_of_fp32_groups") or hasattr(self.opt, "fp32_groups_flat_partition"):
             self.partitioned, self.base = True, self.opt.optimizer
         elif isinstance(self.opt, torch.optim.Optimizer):
             self.partitioned, self.base = False, self.opt
+        elif _is_master_wrapper(self.opt):
+            self.partitioned, self.base = False, self.opt.optimizer
+            for low, high in zip(self.opt.fp16_groups, self.opt.fp32_groups):
+                for p, master in zip(low, high):
+                    self.masters[p] = master
         else:
             raise CheckpointError(f"checkpointing does not know DeepSpeed's optimizer wrapper {type(self.opt).__name__}")
 
     # --- reading ------------------------------------------------------------------------
+    def _master(self, p):
+        """ZeRO 0: the tensor the optimizer steps for ``p`` (its fp32 master, or ``p`` itself)."""
+        return self.masters.get(p, p)
+
     def _flat(self, p):
         return self.base.param_groups[p._hp_mapping.param_group_index]["params"][0]
 
@@ -56,8 +70,9 @@ class OptimizerView:
             return Fragment(m.lp_fragment_address.start, m.lp_fragment_address.numel, tensors)
         if self.dp_rank != 0:
             return None
-        state = self.base.state.get(p, {})
-        tensors = {"param": p.detach().reshape(-1).float()}
+        master = self._master(p)
+        state = self.base.state.get(master, {})
+        tensors = {"param": master.detach().reshape(-1).float()}
         for key in MOMENTS:
             tensors[key] = state[key].reshape(-1) if key in state else torch.zeros(p.numel())
         return Fragment(0, p.numel(), tensors)
@@ -99,6 +114,9 @@ class OptimizerView:
     def set_param(self, p, value: torch.Tensor) -> None:
         """The model's copy (all of this rank's shard) and, where it has one, the fp32 master."""
         p.data.copy_(value.view_as(p).to(p.dtype))
+        master = self.masters.get(p)
+        if master is not None:
+            master.data.copy_(value.view_as(master))
         if self.partitioned and getattr(p, "_hp_mapping", None) is not None:
             m = p._hp_mapping
             lp, hp = m.lp_fragment_address, m.hp_fragment_address
@@ -111,4 +129,13 @@ class OptimizerView:
             hp = p._hp_mapping.hp_fragment_address
             self.base.state[self._flat(p)][key].narrow(0, hp.start, hp.numel).copy_(values)
         else:
-            self.base.state[p][key].copy_(values.view_as(p))
+            master = self._master(p)
+            self.base.state[master][key].copy_(values.view_as(master))
+
+
+def _is_master_wrapper(opt) -> bool:
+    """DeepSpeed's unpartitioned low-precision wrapper: fp32 masters in ``fp32_groups`` stepped
+    by a torch optimizer ``opt.optimizer`` (ZeRO 0 in bf16)."""
+    return (isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer)
+            and isinstance(getattr(opt, "fp16_groups", None), list) and isinstance(getattr(opt, "fp32_groups", None), list)
+            and all(len(low) == len(high) for low, high in zip(opt.fp16_groups, opt.fp32_groups)))

@@ -1,8 +1,9 @@
-"""Multi-rank worker for tests/test_checkpoint_resume.py: several checkpoint jobs in one launch.
+"""Multi-rank worker for tests/test_checkpoint_resume.py and tests/test_checkpoint_bf16.py: several checkpoint jobs in one launch.
 
 Usage: torchrun --nproc-per-node N tests/workers/checkpoint_worker.py CONFIG.json
 CONFIG: {"out": DIR, "jobs": [JOB, ...]}, each JOB:
-  name, layout {tp, cp, pp, dp, vpp, zero, micro_batch}, tied (bool), total_steps (the LR schedule's length),
+  name, layout {tp, cp, pp, dp, vpp, zero, micro_batch}, tied (bool), precision ("fp32", the default,
+  or "bf16"), total_steps (the LR schedule's length),
   first/last (the steps to train), load (checkpoint path or null), save_after_load (a save dir:
   save right after loading, before training), save_dir + save_every (periodic saves),
   expect_error (load only, and report every rank's CheckpointError message).
@@ -43,7 +44,7 @@ def make_job(spec: dict) -> Job:
     lay = spec["layout"]
     model = replace(MODEL, tied_embeddings=True) if spec.get("tied") else MODEL
     plan = Plan(
-        model=model, seq_len=SEQ, global_batch=GLOBAL_BATCH, precision="fp32",
+        model=model, seq_len=SEQ, global_batch=GLOBAL_BATCH, precision=spec.get("precision", "fp32"),
         tp=lay.get("tp", 1), pp=lay.get("pp", 1), dp=lay.get("dp", 1), vpp=lay.get("vpp", 1), cp=lay.get("cp", 1),
         micro_batch=lay.get("micro_batch", 2), zero_stage=lay.get("zero", 1),
     )
