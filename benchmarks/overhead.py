@@ -28,14 +28,14 @@ PROFILED = ("forward_backward", "step", "_global_loss", "replica_batches", "zero
             "finalize_model_parallel_grads", "lr_at", "allreduce_gradients", "clip_grad_norm_")
 
 
-def build_variants(world: int, steps: int) -> dict:
+def build_variants(world: int, steps: int, model: str = "tiny") -> dict:
     from benchmarks._baselines import DDPLoop, HandLoop
 
     if world == 8:
-        job = make_job(make_plan(Layout("tp2_pp2_dp2_z1", tp=2, pp=2, dp=2, zero=1)), steps=steps)
+        job = make_job(make_plan(Layout("tp2_pp2_dp2_z1", tp=2, pp=2, dp=2, zero=1), model=model), steps=steps)
         return {"hybridpar_z1": job.train_step, "hand": HandLoop(job).step}
-    z0 = make_job(make_plan(Layout(f"dp{world}_z0", dp=world, zero=0)), steps=steps)
-    z1 = make_job(make_plan(Layout(f"dp{world}_z1", dp=world, zero=1)), steps=steps)
+    z0 = make_job(make_plan(Layout(f"dp{world}_z0", dp=world, zero=0), model=model), steps=steps)
+    z1 = make_job(make_plan(Layout(f"dp{world}_z1", dp=world, zero=1), model=model), steps=steps)
     return {"hybridpar_z0": z0.train_step, "hybridpar_z1": z1.train_step, "ddp": DDPLoop(z1).step}
 
 
@@ -57,14 +57,14 @@ def profile(fn, first_step: int, n: int) -> dict:
     return out
 
 
-def worker(out: str, world: int, rounds: int, steps: int, warmup: int, profile_steps: int) -> None:
+def worker(out: str, world: int, rounds: int, steps: int, warmup: int, profile_steps: int, model: str) -> None:
     import torch.distributed as dist
 
     from hybridpar.launch import init_distributed
 
     _dist.quiet_worker_env()
     init_distributed()
-    variants = build_variants(world, steps=rounds * steps + 10)
+    variants = build_variants(world, steps=rounds * steps + 10, model=model)
     names = list(variants)
     times = {n: [] for n in names}
     step = {n: 1 for n in names}
@@ -107,17 +107,20 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--profile-steps", type=int, default=5)
+    p.add_argument("--model", default="tiny", help="model preset (tiny, tiny-deep, ...); results other than "
+                                                    "tiny's go to overhead-<model>.json")
     _dist.add_quiet_machine_options(p, timeout_s=1800)
     args = p.parse_args(argv)
     if args.worker:
-        worker(args.worker, args.world, args.rounds, args.steps, args.warmup, args.profile_steps)
+        worker(args.worker, args.world, args.rounds, args.steps, args.warmup, args.profile_steps, args.model)
         return 0
     results = {}
     for world in [int(w) for w in args.worlds.split(",")]:
         load = _dist.wait_for_quiet(args.max_load, args.max_wait)
         raw = _dist.torchrun("benchmarks.overhead", world,
                              ["--world", str(world), "--rounds", str(args.rounds), "--steps", str(args.steps),
-                              "--warmup", str(args.warmup), "--profile-steps", str(args.profile_steps)], args.timeout)
+                              "--warmup", str(args.warmup), "--profile-steps", str(args.profile_steps),
+                              "--model", args.model], args.timeout)
         t = raw["times"]
         base = "hand" if world == 8 else "ddp"
         ratios = {n: paired(t, n, base) for n in t if n != base}
@@ -130,7 +133,8 @@ def main(argv=None) -> int:
                   f"ratio of medians {r['ratio_of_medians']:.3f}, "
                   f"{r['rounds']} rounds) {ok} {TARGET[base]:.2f}x; step {_dist.spread(t[n])['median'] * 1e3:.1f} ms vs "
                   f"{_dist.spread(t[base])['median'] * 1e3:.1f} ms; load {load['load_when_started'][0]:.1f}")
-    write_result("overhead", {"model": "tiny", "dtype": "fp32", "global_batch": 16, "seq_len": 32, "micro_batch": 2,
+    name = "overhead" if args.model == "tiny" else f"overhead-{args.model}"
+    write_result(name, {"model": args.model, "dtype": "fp32", "global_batch": 16, "seq_len": 32, "micro_batch": 2,
                               "rounds": args.rounds, "steps_per_round": args.steps, "warmup_rounds": args.warmup,
                               "worlds": results}, command=("hybridpar bench overhead " + " ".join(argv or [])).strip())
     return 0
