@@ -26,6 +26,27 @@ def test_json_output(capsys):
     assert data["plans"][0]["tp"] * data["plans"][0]["pp"] * data["plans"][0]["cp"] * data["plans"][0]["dp"] == 64
 
 
+def test_software_flag_plans_for_megatron_core(capsys):
+    """--software megatron-core plans with that stack's profile (overlapped bf16 DP reduction,
+    classic ZeRO-2): Meta's TP8 PP16 DP128 fits there without recomputation, and the ranking
+    differs from hybridpar's own runtime's (README "Llama 3 405B")."""
+    from topology.models import load_model
+    from topology.search import Request, search
+    from topology.software import MEGATRON_CORE
+
+    argv = ["--model", "llama3-405b", "--gpus", "16384", "--top", "1", "--json"]
+    mine = json.loads(run(argv, capsys)[1])["plans"][0]
+    core = json.loads(run([*argv, "--software", "megatron-core"], capsys)[1])["plans"][0]
+    want = search(Request(load_model("llama3-405b"), 16384, 2048, software=MEGATRON_CORE), top=1).plans[0]
+    assert core["step_time_s"] == pytest.approx(want.cost.step_time_s, abs=1e-4)
+    assert core["step_time_s"] < mine["step_time_s"]  # overlapped DP reduction, 2-byte gradients
+    meta = json.loads(run([*argv, "--software", "megatron-core", "--tp", "8", "--pp", "16", "--cp", "1"], capsys)[1])
+    assert meta["plans"][0]["recompute"] == "none" and meta["plans"][0]["zero_stage"] == 2
+    with pytest.raises(SystemExit) as stop:
+        run([*argv, "--software", "deepspeed"], capsys)
+    assert stop.value.code == 2 and "--software" in capsys.readouterr().err
+
+
 def test_human_table_shows_memory_time_and_rejections(capsys):
     code, out, _ = run(["--model", "llama3-8b", "--gpus", "16", "--gpus-per-node", "4", "--seq-len", "4096",
                         "--global-batch", "48"], capsys)

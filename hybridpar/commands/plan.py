@@ -10,12 +10,16 @@ from topology.hardware import CATALOGUE, GIB, HardwareError, get_gpu
 from topology.models import load_model
 from topology.plan import PRECISIONS, RECOMPUTE_MODES
 from topology.search import Request, search
+from topology.software import HYBRIDPAR, MEGATRON_CORE
 
 from ..errors import UsageError
 
 HELP = "plan the TP x CP x PP x DP layout of a model on N GPUs (DP outermost), ranked by step time"
 
 DEFAULT_TOKENS = 16 * 1024 * 1024  # Llama 3's 16M-token batch (Table 4)
+# What runs the plan: hybridpar's own runtime (default), or megatron-core's stack (distributed
+# optimizer with the DP reduction overlapped, classic ZeRO-2, bf16 gradient reduction).
+SOFTWARE = {"hybridpar": HYBRIDPAR, "megatron-core": MEGATRON_CORE}
 PINS = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "micro_batch": "micro_batch", "vpp": "vpp",
         "zero": "zero_stage", "recompute": "recompute"}
 
@@ -37,6 +41,8 @@ def add_arguments(p):
     for axis in ("tp", "pp", "cp", "dp", "micro-batch", "vpp", "zero"):
         p.add_argument(f"--{axis}", type=int, help=f"pin {axis}")
     p.add_argument("--recompute", choices=list(RECOMPUTE_MODES), help="pin activation recomputation")
+    p.add_argument("--software", choices=list(SOFTWARE), default="hybridpar",
+                   help="the training software the plan is for (default hybridpar: its own runtime)")
     p.add_argument("--top", type=int, default=5, help="plans to show (default 5)")
     p.add_argument("--json", action="store_true", help='print {"plans": [...], "rejected": [...]}')
 
@@ -113,7 +119,8 @@ def build_request(args) -> tuple[Request, int]:
         raise UsageError(f"global batch {seqs} sequences not divisible by --dp x --micro-batch = "
                          f"{pins['dp']} x {pins['micro_batch']}")
     req = Request(model=model, gpus=args.gpus, global_batch=seqs, seq_len=args.seq_len, gpu=gpu.name,
-                  gpus_per_node=per_node, precision=args.precision, pins=pins)
+                  gpus_per_node=per_node, precision=args.precision, pins=pins,
+                  software=SOFTWARE[getattr(args, "software", "hybridpar")])
     return req, args.top
 
 
