@@ -198,9 +198,9 @@ class StageEngine:
             dist_init_required=False,
         )
         self.fp32_grad_accum = bool(bf16 and FP32_GRAD_ACCUM)
-        self._label_fp32_masters()
-        if zero_stage == 1:
-            self._drop_zero1_grad_hooks()
+        self.fp32_masters = self._label_fp32_masters()
+        if zero_stage > 0:
+            self._remove_deepspeed_grad_hooks()
         if zero_stage == 2:
             self._defer_zero2_reduction()
         if self.fp32_grad_accum:
@@ -209,26 +209,29 @@ class StageEngine:
     def _params(self):
         return [p for c in self.chunks for p in c.parameters() if p.requires_grad]
 
-    def _label_fp32_masters(self) -> None:
+    def _label_fp32_masters(self) -> dict:
         """ZeRO-0 in bf16: DeepSpeed's bf16 wrapper (FP16_UnfusedOptimizer) steps ``ClippedAdamW`` on
         fp32 master copies of the parameters. Two repairs, both no-ops for every other optimizer:
         - the masters lack megatron's TP attributes that ``grad_norm`` reads: copy them over, so
           every TP shard counts in the norm;
         - the wrapper's ``initialize_optimizer_states`` already ran one AdamW step on zero gradients
           (Adam's step count 1, weight decay applied to the masters once): forget that state and
-          restore the masters from the model's weights, so the first real step is AdamW's first."""
+          restore the masters from the model's weights, so the first real step is AdamW's first.
+        Returns {model parameter: its fp32 master} (empty without the wrapper), which
+        checkpoint/optim.py saves and loads through."""
         wrapper = self.engine.optimizer
         low_groups, high_groups = getattr(wrapper, "fp16_groups", None), getattr(wrapper, "fp32_groups", None)
         if low_groups is None or high_groups is None:
-            return
+            return {}
+        masters = {p: master for low, high in zip(low_groups, high_groups) for p, master in zip(low, high)}
         with torch.no_grad():
-            for low, high in zip(low_groups, high_groups):
-                for p, master in zip(low, high):
-                    for name in NORM_ATTRIBUTES:
-                        if hasattr(p, name):
-                            setattr(master, name, getattr(p, name))
-                    master.copy_(p.float())
+            for p, master in masters.items():
+                for name in NORM_ATTRIBUTES:
+                    if hasattr(p, name):
+                        setattr(master, name, getattr(p, name))
+                master.copy_(p.float())
         wrapper.optimizer.state.clear()
+        return masters
 
     def _fp32_grad_accumulation(self) -> None:
         """bf16 parameters, fp32 gradients: accumulated in fp32 by autograd, reduced in fp32."""
@@ -246,27 +249,24 @@ class StageEngine:
         opt = self.engine.optimizer
         # DeepSpeed's fp32 accumulation attribute path (ZeRO-1 with CPU offload uses it): the
         # reduction reads p.grad_accum into an fp32 bucket and adds the fp32 result into an fp32
-        # partition buffer. Its per-parameter hooks would move p.grad into p.grad_accum after
-        # every micro-batch (before pipeline.py's model-parallel sums read p.grad): removed; the
-        # hand-over happens once, in step().
+        # partition buffer. Its per-parameter hooks (removed, _remove_deepspeed_grad_hooks) would
+        # have moved p.grad into p.grad_accum after every micro-batch, before pipeline.py's
+        # model-parallel sums read p.grad; the hand-over happens once, in step().
         opt.gradient_accumulation_dtype = torch.float32
         opt.use_separate_grad_accum = True
         opt.use_grad_accum_attribute = True
+
+    def _remove_deepspeed_grad_hooks(self) -> None:
+        """ZeRO 1/2: DeepSpeed hooks every parameter's gradient accumulation and acts after each
+        micro-batch's backward: ZeRO-2 reduces there (which breaks under an outside schedule),
+        the fp32 accumulation path would move ``p.grad`` away, and at ZeRO-1 the bookkeeping only
+        costs time (about 1 ms per step on the tiny model: 54 parameters x 2 micro-batches).
+        hybridpar reduces once per step, so the hooks go; ``step()`` (or ZeRO-2's boundary
+        reduction) sets up the buckets they used to."""
+        opt = self.engine.optimizer
         for handle in opt._grad_acc_hooks:
             handle.remove()
         opt._grad_acc_hooks = []
-
-    def _drop_zero1_grad_hooks(self) -> None:
-        """ZeRO-1: DeepSpeed hooks every parameter's gradient accumulation (for contiguous
-        gradients) and runs its bookkeeping after each micro-batch's backward; with hybridpar's
-        one reduction per step in ``engine.step()`` they only cost time (about 1 ms per step on the
-        tiny model: 54 parameters x 2 micro-batches). Removed; ``step()`` sets up the buckets the
-        hooks used to."""
-        opt = self.engine.optimizer
-        for handle in getattr(opt, "_grad_acc_hooks", []):
-            handle.remove()
-        if hasattr(opt, "_grad_acc_hooks"):
-            opt._grad_acc_hooks = []
 
     def _hand_over_fp32_grads(self) -> None:
         opt = self.engine.optimizer
@@ -284,9 +284,6 @@ class StageEngine:
         the boundary of an unmanaged step (``finalize_gradient_accumulation_boundary``) is
         replaced by one pass of DeepSpeed's own bucketed reduction over every gradient."""
         opt = self.engine.optimizer
-        for handle in opt._grad_acc_hooks:
-            handle.remove()
-        opt._grad_acc_hooks = []
 
         def reduce_once_at_boundary():
             opt.set_gradient_accumulation_boundary(True)

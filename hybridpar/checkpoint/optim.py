@@ -34,16 +34,14 @@ class OptimizerView:
     def __init__(self, stage_engine, dp_rank: int):  # dp_rank: index in the ZeRO group (DP x CP)
         self.opt = stage_engine.engine.optimizer
         self.dp_rank = dp_rank
-        self.masters = {}  # ZeRO-0 bf16: model parameter -> its fp32 master (absent: the parameter itself)
+        # ZeRO-0 bf16: model parameter -> its fp32 master (StageEngine found them; absent: the parameter itself)
+        self.masters = stage_engine.fp32_masters
         if hasattr(self.opt, "single_partition_of_fp32_groups") or hasattr(self.opt, "fp32_groups_flat_partition"):
             self.partitioned, self.base = True, self.opt.optimizer
         elif isinstance(self.opt, torch.optim.Optimizer):
             self.partitioned, self.base = False, self.opt
-        elif _is_master_wrapper(self.opt):
+        elif self.masters:
             self.partitioned, self.base = False, self.opt.optimizer
-            for low, high in zip(self.opt.fp16_groups, self.opt.fp32_groups):
-                for p, master in zip(low, high):
-                    self.masters[p] = master
         else:
             raise CheckpointError(f"checkpointing does not know DeepSpeed's optimizer wrapper {type(self.opt).__name__}")
 
@@ -131,11 +129,3 @@ class OptimizerView:
         else:
             master = self._master(p)
             self.base.state[master][key].copy_(values.view_as(master))
-
-
-def _is_master_wrapper(opt) -> bool:
-    """DeepSpeed's unpartitioned low-precision wrapper: fp32 masters in ``fp32_groups`` stepped
-    by a torch optimizer ``opt.optimizer`` (ZeRO 0 in bf16)."""
-    return (isinstance(getattr(opt, "optimizer", None), torch.optim.Optimizer)
-            and isinstance(getattr(opt, "fp16_groups", None), list) and isinstance(getattr(opt, "fp32_groups", None), list)
-            and all(len(low) == len(high) for low, high in zip(opt.fp16_groups, opt.fp32_groups)))
