@@ -9,7 +9,6 @@ megatron's fp32 logits). Writes {dtype: {...}}.
 """
 from __future__ import annotations
 
-import json
 import os
 import sys
 import warnings
@@ -23,9 +22,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from topology.models import PRESETS  # noqa: E402
 from topology.plan import Plan  # noqa: E402
 
-from hybridpar.launch import init_distributed, shutdown  # noqa: E402
 from hybridpar.mesh import Mesh  # noqa: E402
 from hybridpar.model import ModelOptions, build_model  # noqa: E402
+from results_io import run_alone  # noqa: E402
 
 
 def run(mesh, attention: str, dtype, tokens, seq: int):
@@ -44,34 +43,29 @@ def run(mesh, attention: str, dtype, tokens, seq: int):
     return logits, grads, core
 
 
-def main() -> None:
-    init_distributed()
+def compare_attention() -> dict:
     results = {}
-    try:
-        plan = Plan(model=PRESETS["tiny"], seq_len=33, global_batch=2, precision="fp32")
-        mesh = Mesh.build(plan.layout)
-        gen = torch.Generator().manual_seed(0)
-        tokens = torch.randint(0, PRESETS["tiny"].vocab, (2, 33), generator=gen)
-        out = {(a, d): run(mesh, a, dtype, tokens, 32) for a in ("megatron", "sdpa")
-               for d, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
-        truth_logits, truth_grads, _ = out[("megatron", "fp32")]
+    plan = Plan(model=PRESETS["tiny"], seq_len=33, global_batch=2, precision="fp32")
+    mesh = Mesh.build(plan.layout)
+    gen = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, PRESETS["tiny"].vocab, (2, 33), generator=gen)
+    out = {(a, d): run(mesh, a, dtype, tokens, 32) for a in ("megatron", "sdpa")
+           for d, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16))}
+    truth_logits, truth_grads, _ = out[("megatron", "fp32")]
 
-        def logit_err(key):
-            return float((out[key][0] - truth_logits).abs().max())
+    def logit_err(key):
+        return float((out[key][0] - truth_logits).abs().max())
 
-        for d in ("fp32", "bf16"):
-            (ref_logits, ref_grads, ref_core), (logits, grads, core) = out[("megatron", d)], out[("sdpa", d)]
-            grad_rel = max(float((grads[n] - ref_grads[n]).abs().max() / ref_grads[n].abs().max().clamp_min(1e-30))
-                           for n in ref_grads)
-            results[d] = {"cores": [ref_core, core], "max_logit": float(ref_logits.abs().max()),
-                          "max_logit_diff": float((logits - ref_logits).abs().max()), "max_grad_rel_diff": grad_rel,
-                          "grads_nonzero": all(float(g.abs().max()) > 0 for g in grads.values()),
-                          "megatron_err_vs_fp32": logit_err(("megatron", d)), "sdpa_err_vs_fp32": logit_err(("sdpa", d))}
-    finally:
-        shutdown()
-    with open(sys.argv[1], "w") as f:
-        json.dump(results, f)
+    for d in ("fp32", "bf16"):
+        (ref_logits, ref_grads, ref_core), (logits, grads, core) = out[("megatron", d)], out[("sdpa", d)]
+        grad_rel = max(float((grads[n] - ref_grads[n]).abs().max() / ref_grads[n].abs().max().clamp_min(1e-30))
+                       for n in ref_grads)
+        results[d] = {"cores": [ref_core, core], "max_logit": float(ref_logits.abs().max()),
+                      "max_logit_diff": float((logits - ref_logits).abs().max()), "max_grad_rel_diff": grad_rel,
+                      "grads_nonzero": all(float(g.abs().max()) > 0 for g in grads.values()),
+                      "megatron_err_vs_fp32": logit_err(("megatron", d)), "sdpa_err_vs_fp32": logit_err(("sdpa", d))}
+    return results
 
 
 if __name__ == "__main__":
-    main()
+    run_alone(compare_attention)

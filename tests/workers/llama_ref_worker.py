@@ -10,7 +10,6 @@ wrong RoPE base, to show the comparison can tell models apart.
 """
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 import os
 import sys
@@ -26,9 +25,9 @@ from topology.models import PRESETS  # noqa: E402
 from topology.plan import Plan  # noqa: E402
 
 from hybridpar.engine import OptimConfig  # noqa: E402
-from hybridpar.launch import init_distributed, shutdown  # noqa: E402
 from hybridpar.llama_ref import LlamaReference, RefOptions  # noqa: E402
 from hybridpar.train import Job  # noqa: E402
+from results_io import run_alone  # noqa: E402
 
 
 def compare(tied: bool, seq: int = 24, rope_theta: float = 10000.0) -> dict:
@@ -56,15 +55,9 @@ def compare(tied: bool, seq: int = 24, rope_theta: float = 10000.0) -> dict:
             "params": sorted(weights)}
 
 
-def main() -> None:
-    init_distributed()
-    try:
-        results = {"untied": compare(False), "tied": compare(True), "rope_500k": compare(False, rope_theta=500000.0)}
-    finally:
-        shutdown()
-    with open(sys.argv[1], "w") as f:
-        json.dump(results, f)
+def compare_all() -> dict:
+    return {"untied": compare(False), "tied": compare(True), "rope_500k": compare(False, rope_theta=500000.0)}
 
 
 if __name__ == "__main__":
-    main()
+    run_alone(compare_all)

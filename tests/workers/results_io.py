@@ -1,6 +1,8 @@
-"""The end of every test worker: rank 0 writes results.json atomically, then all ranks leave."""
+"""The end of every test worker: rank 0 writes results.json atomically, then all ranks leave.
+One-process workers (a world of one, output path as argv[1]) run inside ``run_alone``."""
 import json
 import os
+import sys
 
 import torch.distributed as dist
 
@@ -13,3 +15,16 @@ def finish(out_dir: str, results: dict) -> None:
         os.replace(tmp, os.path.join(out_dir, "results.json"))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def run_alone(compute) -> None:
+    """A one-process worker: a world of one around ``compute()``, whose dict goes to sys.argv[1]."""
+    from hybridpar.launch import init_distributed, shutdown
+
+    init_distributed()
+    try:
+        results = compute()
+    finally:
+        shutdown()
+    with open(sys.argv[1], "w") as f:
+        json.dump(results, f)
