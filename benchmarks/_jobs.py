@@ -58,11 +58,14 @@ def make_plan(layout: Layout, model: str = "tiny", seq_len: int = 32, global_bat
     return plan
 
 
-def make_job(plan: Plan, steps: int = 100, lr: float = 1e-3, seed: int = 0, reduce_to_owner: bool = False):
+def make_job(plan: Plan, steps: int = 100, lr: float = 1e-3, seed: int = 0, reduce_to_owner: bool = False,
+             overlap_grad_reduce: bool = True):
     """A hybridpar Job (requires torch.distributed up) on synthetic tokens.
 
     ``reduce_to_owner``: an experiment, not hybridpar's configuration: DeepSpeed's ZeRO-1/2
-    reduce each gradient partition to its owner instead of all-reducing whole buckets."""
+    reduce each gradient partition to its owner instead of all-reducing whole buckets (so the
+    DP reduction is DeepSpeed's, after the backward, not hybridpar.grad_sync's).
+    ``overlap_grad_reduce``: hybridpar's bucketed DP all-reduce during the last backward."""
     from hybridpar import engine
     from hybridpar.data import SyntheticTokens
     from hybridpar.engine import OptimConfig
@@ -78,10 +81,10 @@ def make_job(plan: Plan, steps: int = 100, lr: float = 1e-3, seed: int = 0, redu
 
         engine.deepspeed_config = patched
         try:
-            return make_job(plan, steps, lr, seed)
+            return make_job(plan, steps, lr, seed, overlap_grad_reduce=False)  # DeepSpeed must reduce
         finally:
             engine.deepspeed_config = original
 
     optim = OptimConfig(lr=lr, min_lr=lr / 10, warmup_steps=0, total_steps=steps)
     source = SyntheticTokens(plan.seq_len, plan.global_batch, plan.model.vocab, seed=seed)
-    return Job(plan, optim, source, seed=seed)
+    return Job(plan, optim, source, seed=seed, overlap_grad_reduce=overlap_grad_reduce)

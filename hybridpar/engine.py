@@ -6,7 +6,14 @@ only (DP x CP with context parallelism: CP ranks hold the same weights), and ave
 there. megatron's schedule runs the
 micro-batches on the raw chunks; DeepSpeed does not manage gradient accumulation
 (``managed_gradient_accumulation: false``): ``StageEngine.step()`` is the one boundary per
-global batch, where DeepSpeed reduces over DP and applies AdamW.
+global batch, where DeepSpeed applies AdamW.
+
+DP reduction (``overlap_grad_reduce``, the default): ``grad_sync.OverlappedGradReduction``
+all-reduces the gradients over DP (x CP) in buckets issued from the last micro-batch's backward,
+and ``finish_grad_reduction()`` waits for them before the model-parallel sums; DeepSpeed's own
+collective is switched off (``_hand_dp_reduction_to_grad_sync``) and it partitions, clips and
+steps the averaged gradients as before. With the overlap off, DeepSpeed reduces in ``step()``
+as described below (its ZeRO-1/2 bucketing, in which every bucket is all-reduced in full).
 
 Every DeepSpeed default that changes the math is set explicitly (gradient_clipping,
 predivide/prescale, communication dtype, loss scaling, bf16/fp16).
@@ -56,6 +63,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch._utils import _flatten_dense_tensors
+
+from .grad_sync import DEFAULT_BUCKET_NUMEL, OverlappedGradReduction
 
 
 @dataclass(frozen=True)
@@ -174,7 +184,8 @@ FP32_GRAD_ACCUM = True
 class StageEngine:
     """This rank's DeepSpeed engine over its pipeline stage's chunks."""
 
-    def __init__(self, chunks: list, mesh, cfg: OptimConfig, zero_stage: int, micro_batch: int, grad_accum: int, bf16: bool):
+    def __init__(self, chunks: list, mesh, cfg: OptimConfig, zero_stage: int, micro_batch: int, grad_accum: int, bf16: bool,
+                 overlap_grad_reduce: bool = True, grad_bucket_numel: int = DEFAULT_BUCKET_NUMEL):
         import deepspeed
 
         from . import cpu
@@ -205,6 +216,12 @@ class StageEngine:
             self._defer_zero2_reduction()
         if self.fp32_grad_accum:
             self._fp32_grad_accumulation()
+        self.grad_sync = None
+        if overlap_grad_reduce and mesh.size("dp_cp") > 1:
+            self.grad_sync = OverlappedGradReduction(self._params(), mesh.group("dp_cp"), grad_bucket_numel)
+            for chunk in chunks:
+                chunk.config.no_sync_func = self.grad_sync.no_sync
+            self._hand_dp_reduction_to_grad_sync()
 
     def _params(self):
         return [p for c in self.chunks for p in c.parameters() if p.requires_grad]
@@ -295,6 +312,29 @@ class StageEngine:
             opt.overlapping_partition_gradients_reduce_epilogue()  # also builds averaged_gradients
 
         opt.finalize_gradient_accumulation_boundary = reduce_once_at_boundary
+
+    def _hand_dp_reduction_to_grad_sync(self) -> None:
+        """The gradients DeepSpeed sees are already averaged over DP (x CP) by ``grad_sync``:
+        ZeRO-0 skips its all-reduce; ZeRO 1/2 keep their bucketing into partitions but neither
+        divide nor communicate (their one collective, ``allreduce_bucket``, becomes the flatten it
+        starts with)."""
+        if self.zero_stage == 0:
+            self.engine.enable_backward_allreduce = False
+            return
+        opt = self.engine.optimizer
+        opt.gradient_average = False
+
+        def already_reduced(bucket, communication_data_type, rank=None, log=None, divide=True, process_group=None):
+            return _flatten_dense_tensors(bucket).to(communication_data_type)
+
+        opt.allreduce_bucket = already_reduced
+
+    def finish_grad_reduction(self) -> None:
+        """Wait for the DP reduction issued during the last backward (call before the
+        model-parallel gradient sums: they read the averaged gradients). Records how many of the
+        buckets the backward issued (``buckets_issued_in_backward``)."""
+        if self.grad_sync is not None:
+            self.buckets_issued_in_backward = self.grad_sync.finish()
 
     def set_lr(self, lr: float) -> None:
         for group in self.engine.optimizer.param_groups:

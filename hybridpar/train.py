@@ -28,6 +28,7 @@ import torch.distributed as dist
 from topology.plan import Plan
 
 from .engine import OptimConfig, StageEngine, lr_at
+from .grad_sync import DEFAULT_BUCKET_NUMEL
 from .mesh import Mesh
 from .model import ModelOptions, build_model, canonical_params, full_from_shards
 from .pipeline import finalize_model_parallel_grads, forward_backward, micro_batches
@@ -52,7 +53,8 @@ def resolve_dtype(precision: str) -> torch.dtype:
 class Job:
     """One layout's model, engine and data on this rank. Requires torch.distributed to be up."""
 
-    def __init__(self, plan: Plan, optim: OptimConfig, source, seed: int = 0, tied: bool | None = None):
+    def __init__(self, plan: Plan, optim: OptimConfig, source, seed: int = 0, tied: bool | None = None,
+                 overlap_grad_reduce: bool = True, grad_bucket_numel: int = DEFAULT_BUCKET_NUMEL):
         self.plan, self.optim, self.source, self.seed = plan, optim, source, seed
         self.mesh = Mesh.build(plan.layout, vpp=plan.vpp)
         self.dtype = resolve_dtype(plan.precision)
@@ -65,7 +67,8 @@ class Job:
         self.chunks = build_model(plan.model, self.mesh, opts, seed=seed)
         self.engine = StageEngine(
             self.chunks, self.mesh, optim, plan.zero_stage, plan.micro_batch, plan.grad_accum,
-            bf16=self.dtype == torch.bfloat16,
+            bf16=self.dtype == torch.bfloat16, overlap_grad_reduce=overlap_grad_reduce,
+            grad_bucket_numel=grad_bucket_numel,
         )
 
     # --- one step ---------------------------------------------------------------------
@@ -79,6 +82,7 @@ class Job:
         start = time.perf_counter()
         lr = lr_at(step, self.optim, self.plan.global_batch)
         loss = forward_backward(self.chunks, self.mesh, self.replica_batches(step), self.plan.seq_len)
+        self.engine.finish_grad_reduction()
         finalize_model_parallel_grads(self.chunks, self.mesh, self.tied, self.sequence_parallel)
         norm = self.engine.step(lr)
         self.engine.zero_grad()
@@ -156,7 +160,8 @@ def train(recipe, out_dir: str | None, hooks=(), print_fn=print) -> list[StepMet
     """Train ``recipe`` (a hybridpar.recipe.Recipe) on the already-initialised process group."""
     plan = recipe.to_plan()
     source = recipe.data.build(seq_len=plan.seq_len, global_batch=plan.global_batch, vocab=plan.model.vocab, seed=recipe.train.seed)
-    job = Job(plan, recipe.optim_config(), source, seed=recipe.train.seed)
+    job = Job(plan, recipe.optim_config(), source, seed=recipe.train.seed,
+              overlap_grad_reduce=recipe.parallel.overlap_grad_reduce)
     rank0 = dist.get_rank() == 0
     first = 1
     for hook in hooks:

@@ -63,7 +63,7 @@ def test_runtime_bytes_match_the_counts_recorded_on_tiny_tp2_pp2_dp2():
 def test_cost_model_bytes_give_back_cost_py_seconds(sp):
     """The bytes are the planner's: divided by the link bandwidth they are step_cost's terms
     (nothing overlapped); with megatron-core's async backward TP collectives, less is exposed."""
-    sw = replace(HYBRIDPAR, overlap_dp=False, tp_bwd_overlap=False)
+    sw = replace(HYBRIDPAR, overlap_grad_reduce=False, overlap_param_gather=False, tp_bwd_overlap=False)
     plan = Plan(model=load_model("llama3-8b"), seq_len=8192, global_batch=32, tp=2, pp=2, dp=2, micro_batch=1,
                 zero_stage=1, sequence_parallel=sp)
     cost, bytes_ = step_cost(plan, sw=sw), cost_model_bytes(plan, sw=sw)

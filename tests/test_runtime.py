@@ -3,7 +3,8 @@
 
 Two torchrun launches cover everything: the one-process reference (untied and tied
 embeddings), then one 8-rank launch whose worker loops over all layouts, destroying and
-re-creating the megatron parallel state between them. Tolerances (fp32): per-step loss 1e-5
+re-creating the megatron parallel state between them. DP gradients are reduced during the last
+backward pass (grad_sync.py) except in the one layout that keeps DeepSpeed's reduction. Tolerances (fp32): per-step loss 1e-5
 absolute, per-step grad norm 1e-5 relative, final weights (gathered to full tensors) 1e-5 on
 all but 0.01% of elements and 1e-4 on every element (see WEIGHT_*), DP replicas bit-identical
 after every step.
@@ -19,27 +20,33 @@ from multirank import run_worker
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 5
 TOL = 1e-5
+# DP gradient reduction (hybridpar/grad_sync.py) in buckets of at least this many elements: the
+# test model's stages hold 56-226k parameters, so these layouts reduce in 19-76 buckets, each issued from
+# the backward pass; the others use the default bucket (one per stage here).
+SMALL_BUCKET = 3000
 
 LAYOUTS = [
-    {"name": "dp8_zero0", "dp": 8, "zero": 0, "micro_batch": 1},
+    {"name": "dp8_zero0", "dp": 8, "zero": 0, "micro_batch": 1, "bucket": SMALL_BUCKET},
     {"name": "dp8_zero1", "dp": 8, "zero": 1, "micro_batch": 1},
-    {"name": "dp8_zero2", "dp": 8, "zero": 2, "micro_batch": 1},
+    {"name": "dp8_zero2", "dp": 8, "zero": 2, "micro_batch": 1, "bucket": SMALL_BUCKET},
     {"name": "tp2_dp4", "tp": 2, "dp": 4, "zero": 1},
     {"name": "pp2_dp4", "pp": 2, "dp": 4, "zero": 1, "micro_batch": 1},
     {"name": "tp2_pp2_dp2_zero0", "tp": 2, "pp": 2, "dp": 2, "zero": 0},
     {"name": "tp2_pp2_dp2_zero1", "tp": 2, "pp": 2, "dp": 2, "zero": 1},
+    # DeepSpeed's own reduction after the backward (overlap_grad_reduce off).
+    {"name": "tp2_pp2_dp2_zero1_after_backward", "tp": 2, "pp": 2, "dp": 2, "zero": 1, "overlap": False},
     {"name": "tp2_pp2_dp2_zero2", "tp": 2, "pp": 2, "dp": 2, "zero": 2},
     {"name": "pp4_dp2", "pp": 4, "dp": 2, "zero": 1},
     {"name": "tp4_pp2", "tp": 4, "pp": 2, "dp": 1, "zero": 1},
-    {"name": "tp2_pp2_dp2_vpp2", "tp": 2, "pp": 2, "dp": 2, "vpp": 2, "zero": 1},
+    {"name": "tp2_pp2_dp2_vpp2", "tp": 2, "pp": 2, "dp": 2, "vpp": 2, "zero": 1, "bucket": SMALL_BUCKET},
     {"name": "tp2_pp2_dp2_sp", "tp": 2, "pp": 2, "dp": 2, "zero": 1, "sp": True},
-    {"name": "tp2_pp2_dp2_tied", "tp": 2, "pp": 2, "dp": 2, "zero": 1, "tied": True},
+    {"name": "tp2_pp2_dp2_tied", "tp": 2, "pp": 2, "dp": 2, "zero": 1, "tied": True, "bucket": SMALL_BUCKET},
     {"name": "pp2_dp4_tied_zero2", "pp": 2, "dp": 4, "zero": 2, "tied": True},
     # Context parallelism (hybridpar/attention.py): 2 chunks per CP rank, K/V all-gathered.
     {"name": "cp2_dp4", "cp": 2, "dp": 4, "zero": 1, "micro_batch": 1},
     {"name": "tp2_cp2_pp2_zero0", "tp": 2, "cp": 2, "pp": 2, "dp": 1, "zero": 0},
-    {"name": "cp2_pp2_dp2_zero2", "cp": 2, "pp": 2, "dp": 2, "zero": 2},
-    {"name": "tp2_cp2_dp2_sp", "tp": 2, "cp": 2, "dp": 2, "zero": 1, "sp": True},
+    {"name": "cp2_pp2_dp2_zero2", "cp": 2, "pp": 2, "dp": 2, "zero": 2, "bucket": SMALL_BUCKET},
+    {"name": "tp2_cp2_dp2_sp", "tp": 2, "cp": 2, "dp": 2, "zero": 1, "sp": True, "bucket": SMALL_BUCKET},
     # Llama 3's lighter end stages on a 6-layer model: embedding and loss count as one layer each.
     {"name": "pp4_dp2_lighter", "layers": 6, "pp": 4, "dp": 2, "zero": 1, "lighter": True},
     {"name": "tp2_pp2_dp2_vpp4_lighter", "layers": 6, "tp": 2, "pp": 2, "dp": 2, "vpp": 4, "zero": 1, "lighter": True},
@@ -111,6 +118,21 @@ def test_layout_trains_like_one_process(runs, layout):
     with open(base / "diffs.jsonl", "a") as f:
         f.write(json.dumps({name: record}) + "\n")
     print(name, record)
+
+
+@pytest.mark.parametrize("layout", [l for l in LAYOUTS if l.get("bucket")], ids=lambda l: l["name"])
+def test_dp_reduction_is_issued_during_the_backward(runs, layout):
+    """Every bucket's all-reduce left from a gradient hook of the last backward pass, none from
+    finish(): the reduction overlaps the backward instead of following it."""
+    _, _, par = runs
+    per_rank = par[layout["name"]]["grad_buckets_and_issued_in_backward"]
+    assert all(r is not None and r[0] > 1 for r in per_rank), per_rank
+    assert all(issued == buckets for buckets, issued in per_rank), per_rank
+
+
+def test_reduction_after_the_backward_when_overlap_is_off(runs):
+    _, _, par = runs
+    assert par["tp2_pp2_dp2_zero1_after_backward"]["grad_buckets_and_issued_in_backward"] == [None] * 8
 
 
 def test_the_reference_learns(runs):

@@ -31,6 +31,17 @@ def test_flags_override_and_dp_is_derived():
     assert (recipe.parallel.tp, recipe.parallel.pp, recipe.parallel.dp, recipe.train.steps) == (1, 2, 4, 3)
 
 
+def test_overlap_grad_reduce_is_a_recipe_switch(tmp_path):
+    """On by default (hybridpar.grad_sync); ``parallel.overlap_grad_reduce: false`` leaves the DP
+    reduction to DeepSpeed after the backward (tests/test_runtime.py trains both ways)."""
+    from hybridpar.recipe import load_recipe
+
+    assert load_recipe(str(TINY)).parallel.overlap_grad_reduce is True
+    off = _write(tmp_path, "off.yaml", "model: tiny\nparallel: {overlap_grad_reduce: false}\n"
+                                       "train: {global_batch: 8, seq_len: 8}\n")
+    assert load_recipe(off).parallel.overlap_grad_reduce is False
+
+
 def test_lr_schedule_warmup_cosine_and_linear_scaling():
     from hybridpar.engine import OptimConfig, lr_at
 

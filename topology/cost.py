@@ -274,25 +274,29 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
     ring = (d - 1) / d
     grad = link_time(ring * n_params * (4 if sw.fp32_grads else 2), bw)  # reduce-scatter
     gather = link_time(ring * n_params * 2, bw)  # all-gather of 16-bit weights
+
+    def reduced(t: float) -> float:  # issued from the backward: hidden up to its length
+        return max(0.0, t - bwd_mb) if sw.overlap_grad_reduce else t
+
+    def gathered(t: float) -> float:  # behind the next step's first forward
+        return max(0.0, t - fwd_mb) if sw.overlap_param_gather else t
+
     if plan.zero_stage == 3:  # gather for fwd and for bwd, reduce-scatter, every micro-batch
         per_mb = 2 * gather + grad
-        exposed = max(0.0, per_mb - fwd_mb - bwd_mb) if sw.overlap_dp else per_mb
-        return plan.grad_accum * exposed
-    if sw.full_grad_allreduce and (plan.zero_stage == 1 or (plan.zero_stage == 2 and sw.zero2_reduce_once)):
+        overlapped = sw.overlap_grad_reduce and sw.overlap_param_gather
+        return plan.grad_accum * (max(0.0, per_mb - fwd_mb - bwd_mb) if overlapped else per_mb)
+    if plan.zero_stage == 0:  # one all-reduce = reduce-scatter + all-gather of the gradients
+        return reduced(2 * grad)
+    if sw.full_grad_allreduce and (plan.zero_stage == 1 or sw.zero2_reduce_once):
         # all-reduce = reduce-scatter + all-gather of the same buffer
         grad *= 2
-    if plan.zero_stage == 2 and sw.zero2_reduce_once:
-        # hybridpar: one reduction of the full accumulated gradients per step, run at the
-        # accumulation boundary after the last backward (engine.py reduce_once_at_boundary).
-        return grad + (max(0.0, gather - fwd_mb) if sw.overlap_dp else gather)
-    if plan.zero_stage == 2:
+    if plan.zero_stage == 2 and not sw.zero2_reduce_once:
         # Sharded gradients cannot be accumulated locally: each micro-batch's gradients are
         # reduce-scattered during its backward (DeepSpeed ZeRO-2, FSDP SHARD_GRAD_OP).
-        rs = max(0.0, grad - bwd_mb) if sw.overlap_dp else grad
-        return plan.grad_accum * rs + (max(0.0, gather - fwd_mb) if sw.overlap_dp else gather)
-    if not sw.overlap_dp:
-        return grad + gather
-    return max(0.0, grad - bwd_mb) + max(0.0, gather - fwd_mb)
+        return plan.grad_accum * reduced(grad) + gathered(gather)
+    # ZeRO-1, and hybridpar's ZeRO-2 (one reduction of the full accumulated gradients per step,
+    # engine.py _defer_zero2_reduction): reduced once, then the updated weights gathered.
+    return reduced(grad) + gathered(gather)
 
 
 def _tied_embedding_sync(plan: Plan, gpu: GPU, sw: Software) -> float:

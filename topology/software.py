@@ -1,7 +1,8 @@
 """What the training software does, as far as the memory and time models need to know.
 
 The planner plans for hybridpar's own stack (megatron-core layers with FlashAttention, sequence
-parallelism, no dropout; DeepSpeed's DP reduction and weight gathering after the backward).
+parallelism, no dropout; the DP gradient all-reduce issued during the last backward, DeepSpeed's
+ZeRO step and weight gathering after it).
 The published runs used in tests/test_planner_cases.py were made with other code; their
 software is described here from the code they ran, never tuned to their throughput.
 """
@@ -17,10 +18,13 @@ class Software:
     flash_attention: bool = True
     # Dropout masks are stored and applied (1 byte per element), as in GPT-3-era training.
     dropout: bool = False
-    # DP gradient reduce-scatter overlaps the last micro-batch's backward, and the parameter
-    # all-gather the next step's first forward (megatron-core overlap_grad_reduce /
-    # overlap_param_gather). False: both run after the backward, exposed.
-    overlap_dp: bool = True
+    # The DP gradient reduction is issued bucket by bucket during the last micro-batch's backward
+    # and hidden behind it up to that backward's length (megatron-core overlap_grad_reduce;
+    # hybridpar/grad_sync.py). False: it runs after the backward, exposed.
+    overlap_grad_reduce: bool = True
+    # ZeRO's all-gather of the updated 16-bit weights overlaps the next step's first forward
+    # (megatron-core overlap_param_gather). False: it runs inside the optimizer step, exposed.
+    overlap_param_gather: bool = True
     # Pipeline sends/receives overlap compute in the interleaved schedule (overlap_p2p_comm).
     overlap_p2p: bool = True
     # Gradients reduced in fp32 (Llama 3: "FP32 gradient accumulation and reduce-scatter").
@@ -70,17 +74,16 @@ class Software:
     # Transformer Engine's userbuffers are set up, which hybridpar does not do.
 
 
-# hybridpar's runtime: megatron-core's layers and schedules, DeepSpeed ZeRO on the DP axis. DeepSpeed
-# reduces the gradients when hybridpar calls engine.step() after the schedule's last backward, and
-# all-gathers the updated weights before returning (engine.py: overlap_comm is off, and DeepSpeed
-# allows it with an outside schedule only for its per-parameter ZeRO-2 hooks), so neither
-# overlaps compute. Gradients accumulate in fp32 (bf16 runs: Tensor.grad_dtype, engine.py) and are
-# reduced in fp32 (communication_data_type).
-HYBRIDPAR = Software(overlap_dp=False, zero2_reduce_once=True, full_grad_allreduce=True, fp32_grads=True)
+# hybridpar's runtime: megatron-core's layers and schedules, DeepSpeed ZeRO on the DP axis. The
+# gradients are all-reduced in buckets issued from the last backward (grad_sync.py, megatron's
+# no_sync_func marks it), then DeepSpeed partitions them, steps, and all-gathers the updated
+# weights before engine.step() returns (not overlapped). Gradients accumulate in fp32 (bf16 runs:
+# Tensor.grad_dtype, engine.py) and are reduced in fp32.
+HYBRIDPAR = Software(overlap_param_gather=False, zero2_reduce_once=True, full_grad_allreduce=True, fp32_grads=True)
 # megatron-core / NeMo (and Llama 3's stack): the same layers, megatron-core's distributed
 # optimizer (a reduce-scatter of the gradients, overlapped with the last backward; the weight
 # all-gather with the next forward) and classic ZeRO-2.
-MEGATRON_CORE = replace(HYBRIDPAR, overlap_dp=True, zero2_reduce_once=False, full_grad_allreduce=False,
+MEGATRON_CORE = replace(HYBRIDPAR, overlap_param_gather=True, zero2_reduce_once=False, full_grad_allreduce=False,
                         fp32_grads=False)
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
@@ -88,7 +91,8 @@ MEGATRON_CORE = replace(HYBRIDPAR, overlap_dp=True, zero2_reduce_once=False, ful
 # Gradient accumulation fusion came later (2022), so main grads are added by a separate kernel.
 # Its linear layers all-reduce the input gradient synchronously (the async all-reduce came with
 # megatron-core), and it splits pipeline messages over TP (scatter/gather, Narayanan et al. §4.1).
-MEGATRON_2021 = Software(flash_attention=False, dropout=True, overlap_dp=False, overlap_p2p=False,
+MEGATRON_2021 = Software(flash_attention=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
+                         overlap_p2p=False,
                          fused_grad_accum=False, tp_bwd_overlap=False, p2p_scatter_gather=True)
 # BLOOM's Megatron-DeepSpeed (bigscience tr11-176B-ml): the 2021 Megatron layers driven by
 # DeepSpeed's PipelineEngine and BF16_Optimizer, which "accumulates grads in fp32. It doesn't shard

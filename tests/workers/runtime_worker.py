@@ -59,7 +59,10 @@ def make_job(cfg: dict, layout: dict) -> Job:
     source = SyntheticTokens(SEQ, GLOBAL_BATCH, MODEL.vocab, seed=0)
     if layout.get("fixed_batch"):  # the same batch every step: the model must memorise it
         source = FixedBatch(source.global_batch(1))
-    return Job(plan, optim, source, seed=0)
+    overlap = dict(overlap_grad_reduce=layout.get("overlap", True))
+    if layout.get("bucket"):  # small buckets: many reductions issued while the backward runs
+        overlap["grad_bucket_numel"] = layout["bucket"]
+    return Job(plan, optim, source, seed=0, **overlap)
 
 
 class FixedBatch:
@@ -94,6 +97,10 @@ def run_layout(cfg, layout, recorder):
         norms.append(m.grad_norm)
         lrs.append(m.lr)
         times.append(m.step_time_s)
+    sync = job.engine.grad_sync  # DP reduction overlapped with the last backward (grad_sync.py)
+    overlap = [len(sync.buckets), job.engine.buckets_issued_in_backward] if sync else None
+    overlaps = [None] * dist.get_world_size()
+    dist.all_gather_object(overlaps, overlap)
     layers = [None] * dist.get_world_size()
     dist.all_gather_object(layers, [len(c.decoder.layers) for c in job.chunks])
     state = job.full_state_dict()
@@ -101,7 +108,7 @@ def run_layout(cfg, layout, recorder):
     inner = getattr(inner, "optimizer", inner)  # ZeRO wraps the client torch optimizer
     opt_numel = sum(s["exp_avg"].numel() for s in inner.state.values() if "exp_avg" in s)
     job.close()
-    return {"layers_per_rank": layers, "opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
+    return {"grad_buckets_and_issued_in_backward": overlaps, "layers_per_rank": layers, "opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
 
 
 def main():
