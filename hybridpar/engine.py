@@ -341,7 +341,10 @@ class StageEngine:
             group["lr"] = lr
 
     def step(self, lr: float) -> float:
-        """DP-reduce the accumulated gradients, clip, and apply AdamW. Returns the global grad norm."""
+        """DP-reduce the accumulated gradients (or, with ``grad_sync``, take the ones
+        ``finish_grad_reduction()`` averaged), clip, and apply AdamW. Returns the global grad norm."""
+        if self.grad_sync is not None and self.grad_sync.pending:
+            raise RuntimeError("finish_grad_reduction() must run before step(): DP reduction still in flight")
         self.set_lr(lr)
         if self.fp32_grad_accum and self.zero_stage > 0:
             self._hand_over_fp32_grads()

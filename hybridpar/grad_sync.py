@@ -61,6 +61,11 @@ class OverlappedGradReduction:
         self._next = 0  # the next bucket to issue
         self._issued_in_backward = 0
 
+    @property
+    def pending(self) -> bool:
+        """Some bucket was issued (or has gradients marked final) and ``finish()`` has not run."""
+        return self._next > 0 or any(self._ready)
+
     @contextmanager
     def no_sync(self):
         """megatron's ``config.no_sync_func``: gradients stay local inside this context."""

@@ -21,8 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS = 5
 TOL = 1e-5
 # DP gradient reduction (hybridpar/grad_sync.py) in buckets of at least this many elements: the
-# test model's stages hold 56-226k parameters, so these layouts reduce in 19-76 buckets, each issued from
-# the backward pass; the others use the default bucket (one per stage here).
+# test model's stages hold 56-226k parameters in tensors of up to 22k, so these layouts reduce in
+# 7-18 buckets per rank, each issued from the backward pass; the others use the default bucket
+# (one per stage here).
 SMALL_BUCKET = 3000
 
 LAYOUTS = [
