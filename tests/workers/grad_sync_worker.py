@@ -1,0 +1,58 @@
+"""One-process worker for tests/test_grad_sync.py: OverlappedGradReduction's bookkeeping on a
+world of one (gloo), with real autograd hooks.
+
+Usage: python tests/workers/grad_sync_worker.py OUT.json
+Three parameters in three buckets; backward passes whose gradients arrive in a chosen order. The
+all-reduces are recorded (which bucket, in which order, from the backward or from finish());
+values are checked against the local sums (the average over a world of one).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+from hybridpar import grad_sync  # noqa: E402
+from results_io import run_alone  # noqa: E402
+
+
+def compute() -> dict:
+    issued = []
+    real_all_reduce = dist.all_reduce
+
+    def recording_all_reduce(tensor, group=None, async_op=False):
+        issued.append(int(tensor.numel()))
+        return real_all_reduce(tensor, group=group, async_op=async_op)
+
+    grad_sync.dist.all_reduce = recording_all_reduce
+    a, b, c = (torch.nn.Parameter(torch.full((n,), 1.0)) for n in (2, 3, 4))
+    sync = grad_sync.OverlappedGradReduction([a, b, c], dist.group.WORLD, bucket_numel=1)
+    out = {"buckets": [[int(p.numel()) for p in bucket] for bucket in sync.buckets]}
+
+    # Two micro-batches: the first inside no_sync (nothing issued), the second issues every bucket.
+    with sync.no_sync():
+        (a.sum() + 2 * b.sum() + 3 * c.sum()).backward()
+    out["issued_inside_no_sync"] = list(issued)
+    # Gradients arrive a first, then b, then c (reverse of the bucket order c, b, a): the first two
+    # buckets to be complete are a's and b's, but nothing may be issued before c's bucket.
+    loss = a.sum() + 2 * b.sum() + 3 * c.sum()
+    torch.autograd.backward([loss], inputs=[a])
+    out["issued_after_a"] = list(issued)
+    torch.autograd.backward([a.sum() * 0 + 2 * b.sum()], inputs=[b])
+    out["issued_after_b"] = list(issued)
+    torch.autograd.backward([3 * c.sum()], inputs=[c])
+    out["issued_after_c"] = list(issued)
+    out["pending_before_finish"] = sync.pending
+    out["issued_in_backward"] = sync.finish()
+    out["pending_after_finish"] = sync.pending
+    out["grads"] = [p.grad.tolist() for p in (a, b, c)]
+    grad_sync.dist.all_reduce = real_all_reduce
+    return out
+
+
+if __name__ == "__main__":
+    run_alone(compute)
