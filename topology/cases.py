@@ -43,9 +43,10 @@ def case_software(case: dict) -> tuple[Software, GPU]:
         # gather / p2p, cuDNN or FlashAttention kernels: hybridpar's layers, classic ZeRO-2.
         return MEGATRON_CORE, gpu
     if case["id"].startswith("llama3"):
-        # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2); FlashAttention-2
-        # on H100 reaches "only 35% utilization" (FlashAttention-3 paper, abstract).
-        return replace(MEGATRON_CORE, fp32_grads=True, attention_fraction=0.35), gpu
+        # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2, as megatron-core's
+        # profile); FlashAttention-2 on H100 reaches "only 35% utilization" (FlashAttention-3 paper,
+        # abstract).
+        return replace(MEGATRON_CORE, attention_fraction=0.35), gpu
     if case["id"].startswith("bloom"):
         # Jean Zay: 4 Omni-Path 100 Gb/s links per 8-GPU node = 6.25 GB/s per GPU (BLOOM README).
         return DEEPSPEED_BF16_PIPE, replace(gpu, network_gbps=4 * 100 / 8 / 8)

@@ -82,9 +82,12 @@ class Software:
 HYBRIDPAR = Software(overlap_param_gather=False, zero2_reduce_once=True, full_grad_allreduce=True, fp32_grads=True)
 # megatron-core / NeMo (and Llama 3's stack): the same layers, megatron-core's distributed
 # optimizer (a reduce-scatter of the gradients, overlapped with the last backward; the weight
-# all-gather with the next forward) and classic ZeRO-2.
-MEGATRON_CORE = replace(HYBRIDPAR, overlap_param_gather=True, zero2_reduce_once=False, full_grad_allreduce=False,
-                        fp32_grads=False)
+# all-gather with the next forward) and classic ZeRO-2. bf16 gradients accumulate and are reduced
+# in fp32: Megatron-LM's arguments.py forces accumulate_allreduce_grads_in_fp32 for bf16 ("bfloat16
+# requires gradient accumulation and all-reduce to be done in fp32") unless --grad-reduce-in-bf16,
+# and NeMo 2's bf16_mixed() precision plugin sets grad_reduce_in_fp32=True; megatron-core's
+# DistributedDataParallelConfig then keeps an fp32 main-grad buffer.
+MEGATRON_CORE = replace(HYBRIDPAR, overlap_param_gather=True, zero2_reduce_once=False, full_grad_allreduce=False)
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
 # DP all-reduce after the pipeline flush, blocking pipeline sends.
