@@ -5,8 +5,10 @@ model chunk's last micro-batch, every parameter's gradient is final as soon as a
 accumulated it (``register_post_accumulate_grad_hook``); the parameters are grouped in buckets
 in backward order (reverse registration order), and a bucket's all-reduce over the DP (x CP)
 group is issued asynchronously the moment its last gradient lands, while the backward pass
-goes on through earlier layers. ``finish()`` waits for the reductions and writes the averaged
-gradients back. This is megatron-core's ``overlap_grad_reduce`` and torch DDP's bucketing.
+goes on through earlier layers. The bucket's flat fp32 copy then replaces the parameters'
+gradients (``p.grad`` is dropped), so the backward never holds two copies of a gradient;
+``finish()`` waits for the reductions and hands each parameter a view of its averaged slice.
+This is megatron-core's ``overlap_grad_reduce`` and torch DDP's bucketing.
 
 Which backward is the last is megatron's to say: its schedules call ``config.no_sync_func``
 around every micro-batch but a chunk's last one (``no_sync``). Buckets are issued strictly in
@@ -58,6 +60,7 @@ class OverlappedGradReduction:
         self._ready = [set() for _ in self.buckets]
         self._work: list = [None] * len(self.buckets)
         self._flat: list = [None] * len(self.buckets)
+        self._dtypes: list = [None] * len(self.buckets)
         self._next = 0  # the next bucket to issue
         self._issued_in_backward = 0
 
@@ -87,10 +90,13 @@ class OverlappedGradReduction:
     def _issue(self, i: int) -> None:
         grads = []
         for p in self.buckets[i]:
-            if p.grad is None:  # no gradient this step on this rank: it contributes zeros
-                p.grad = torch.zeros_like(p, dtype=getattr(p, "grad_dtype", None) or p.dtype)
-            grads.append(p.grad.reshape(-1).float())
-        self._flat[i] = flat = torch.cat(grads)
+            # No gradient this step on this rank: it contributes zeros.
+            g = p.grad if p.grad is not None else torch.zeros_like(p, dtype=getattr(p, "grad_dtype", None) or p.dtype)
+            grads.append(g)
+        self._dtypes[i] = [g.dtype for g in grads]
+        self._flat[i] = flat = torch.cat([g.reshape(-1).float() for g in grads])
+        for p in self.buckets[i]:  # the flat copy is the gradient now: no second copy lives on
+            p.grad = None          # through the rest of the backward
         self._work[i] = dist.all_reduce(flat, group=self.group, async_op=True)
         self._next = i + 1
 
@@ -99,14 +105,14 @@ class OverlappedGradReduction:
         gradient by its average over the group. Returns how many buckets the backward issued."""
         while self._next < len(self.buckets):
             self._issue(self._next)
-        for bucket, work, flat in zip(self.buckets, self._work, self._flat):
+        for bucket, work, flat, dtypes in zip(self.buckets, self._work, self._flat, self._dtypes):
             work.wait()
             flat.div_(self.world)
             offset = 0
-            for p in bucket:
-                n = p.grad.numel()
-                p.grad.copy_(flat[offset:offset + n].view_as(p.grad))
-                offset += n
+            for p, dtype in zip(bucket, dtypes):
+                averaged = flat[offset:offset + p.numel()].view_as(p)  # a view: no copy for fp32
+                p.grad = averaged if dtype == flat.dtype else averaged.to(dtype)
+                offset += p.numel()
         issued_in_backward = self._issued_in_backward
         self._reset()
         return issued_in_backward

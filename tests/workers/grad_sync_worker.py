@@ -46,10 +46,12 @@ def compute() -> dict:
     out["issued_after_b"] = list(issued)
     torch.autograd.backward([3 * c.sum()], inputs=[c])
     out["issued_after_c"] = list(issued)
+    out["grads_held_while_in_flight"] = [p.grad is not None for p in (a, b, c)]
     out["pending_before_finish"] = sync.pending
     out["issued_in_backward"] = sync.finish()
     out["pending_after_finish"] = sync.pending
     out["grads"] = [p.grad.tolist() for p in (a, b, c)]
+    out["grads_are_views_of_the_reduced_buffer"] = [p.grad._base is not None for p in (a, b, c)]
     grad_sync.dist.all_reduce = real_all_reduce
     return out
 
