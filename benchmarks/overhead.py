@@ -5,7 +5,8 @@ One torchrun launch per world size; in it every variant is built once on the sam
 group and they run interleaved (A/B/C, order rotated each round); a round's sample is the mean
 of ``--steps`` steps, and after ``--warmup`` discarded rounds the ratio hybridpar / baseline is
 taken per round (paired), then the median and spread over rounds. World 2 and 4: DP only,
-hybridpar ZeRO 0 and ZeRO 1 vs DDP with the same megatron model (benchmarks/_baselines.py).
+hybridpar ZeRO 0 and ZeRO 1 vs DDP with the same megatron model (benchmarks/_baselines.py), and
+ZeRO 1 once more with the DP reduction after the backward (``overlap_grad_reduce=False``).
 World 8: TP2 x PP2 x DP2 ZeRO 1, hybridpar vs megatron's 1F1B schedule + DeepSpeed driven by
 hand. Rank 0 also profiles (cProfile) a few steps of each variant and reports where hybridpar's
 extra time goes. Model: tiny (4 layers, hidden 64), fp32, global batch 16 x 32 tokens,
@@ -36,7 +37,11 @@ def build_variants(world: int, steps: int, model: str = "tiny") -> dict:
         return {"hybridpar_z1": job.train_step, "hand": HandLoop(job).step}
     z0 = make_job(make_plan(Layout(f"dp{world}_z0", dp=world, zero=0), model=model), steps=steps)
     z1 = make_job(make_plan(Layout(f"dp{world}_z1", dp=world, zero=1), model=model), steps=steps)
-    return {"hybridpar_z0": z0.train_step, "hybridpar_z1": z1.train_step, "ddp": DDPLoop(z1).step}
+    # The same ZeRO-1 job with the DP reduction left to DeepSpeed after the backward (no grad_sync).
+    z1_after = make_job(make_plan(Layout(f"dp{world}_z1", dp=world, zero=1), model=model), steps=steps,
+                        overlap_grad_reduce=False)
+    return {"hybridpar_z0": z0.train_step, "hybridpar_z1": z1.train_step,
+            "hybridpar_z1_after_backward": z1_after.train_step, "ddp": DDPLoop(z1).step}
 
 
 def profile(fn, first_step: int, n: int) -> dict:
