@@ -27,7 +27,7 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-# megatron-core's default bucket: max(40M, 1M x dp) elements (DistributedDataParallelConfig).
+# 40M elements, megatron-core's default bucket (DistributedDataParallelConfig: max(40M, 1M x dp)).
 DEFAULT_BUCKET_NUMEL = 40_000_000
 
 
@@ -54,7 +54,8 @@ class OverlappedGradReduction:
         self._bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
         self.enabled = True  # megatron's schedule turns it off for all but a chunk's last micro-batch
         self._reset()
-        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
+        for p in params:  # the hooks live as long as the parameters
+            p.register_post_accumulate_grad_hook(self._grad_ready)
 
     def _reset(self) -> None:
         self._ready = [set() for _ in self.buckets]
@@ -116,8 +117,3 @@ class OverlappedGradReduction:
         issued_in_backward = self._issued_in_backward
         self._reset()
         return issued_in_backward
-
-    def remove(self) -> None:
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
