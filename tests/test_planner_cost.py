@@ -75,3 +75,20 @@ def test_mfu_is_model_flops_over_peak():
     gpu = get_gpu("h100-80gb")
     assert c.mfu == pytest.approx(c.model_flops / c.step_time_s / 64 / (gpu.bf16_tflops * 1e12))
     assert 0.2 < c.mfu < gpu.gemm_fraction
+
+
+def test_overlapped_dp_reduction_exposes_its_last_bucket():
+    """ZeRO-0 in one node, a long backward: the all-reduce issued from the last backward hides
+    behind it except the last 40M-element bucket (the first layers'), complete only at its end."""
+    from dataclasses import replace
+
+    from topology.cost import GRAD_BUCKET_NUMEL
+    from topology.software import HYBRIDPAR
+    from topology.stages import params_per_rank, stages
+
+    plan = Plan(model=PRESETS["llama3-8b"], seq_len=8192, global_batch=16, tp=4, dp=2, micro_batch=4,
+                zero_stage=0, sequence_parallel=True)
+    after = step_cost(plan, replace(HYBRIDPAR, overlap_grad_reduce=False)).dp_s
+    during = step_cost(plan, HYBRIDPAR).dp_s
+    n = max(params_per_rank(plan, s) for s in stages(plan))
+    assert after > 0 and during == pytest.approx(after * GRAD_BUCKET_NUMEL / n, rel=1e-9)

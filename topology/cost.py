@@ -44,6 +44,9 @@ TILE = (128, 256)
 # Adam step per parameter of the optimizer shard: read and write fp32 master, momentum and
 # variance (24 B), read the gradient (4 B), write the 16-bit weight (2 B).
 OPTIMIZER_BYTES_PER_PARAM = 30
+# Gradient bucket of the overlapped DP reduction: megatron-core's default 40M elements (hybridpar's
+# grad_sync uses the same).
+GRAD_BUCKET_NUMEL = 40_000_000
 
 
 # ---------------------------------------------------------------- FLOPs ---------------------
@@ -275,8 +278,12 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
     grad = link_time(ring * n_params * (4 if sw.fp32_grads else 2), bw)  # reduce-scatter
     gather = link_time(ring * n_params * 2, bw)  # all-gather of 16-bit weights
 
-    def reduced(t: float) -> float:  # issued from the backward: hidden up to its length
-        return max(0.0, t - bwd_mb) if sw.overlap_grad_reduce else t
+    def reduced(t: float) -> float:
+        """Issued bucket by bucket from the last backward: hidden up to that backward's length,
+        except the last bucket (the first layers), which is complete only when the backward ends."""
+        if not sw.overlap_grad_reduce:
+            return t
+        return max(t - bwd_mb, t * min(1.0, GRAD_BUCKET_NUMEL / n_params))
 
     def gathered(t: float) -> float:  # behind the next step's first forward
         return max(0.0, t - fwd_mb) if sw.overlap_param_gather else t
