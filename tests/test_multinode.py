@@ -47,6 +47,16 @@ def _losses(path: Path) -> dict:
     return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
 
 
+def _wait_for_listener(port: int, agent: subprocess.Popen, timeout_s: float = 120) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and agent.poll() is None:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"the first node's rendezvous store never listened on port {port}")
+
+
 def _kill_node(agent: subprocess.Popen) -> None:
     """SIGKILL a "node": the launch script, its torchrun agent and every rank it started."""
     procs = [psutil.Process(agent.pid)] + psutil.Process(agent.pid).children(recursive=True)
@@ -61,9 +71,10 @@ def _kill_node(agent: subprocess.Popen) -> None:
 def two_nodes(tmp_path_factory):
     base = tmp_path_factory.mktemp("multinode")
     run = base / "run"
+    port = _port()
     gen = subprocess.run(
         [sys.executable, "-m", "hybridpar", "launch", "--recipe", str(TINY), "--nodes", "2", "--gpus-per-node", "4",
-         "--port", str(_port()), "--out", str(base / "launch"), "--", "--steps", str(STEPS), "--timeout-s", "60",
+         "--port", str(port), "--out", str(base / "launch"), "--", "--steps", str(STEPS), "--timeout-s", "60",
          "--out", str(run)],
         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
     assert gen.returncode == 0, gen.stderr
@@ -75,15 +86,25 @@ def two_nodes(tmp_path_factory):
     assert ref.returncode == 0, ref.stderr[-3000:]
 
     logs = [(open(base / f"node{i}.out", "w"), open(base / f"node{i}.err", "w")) for i in range(2)]
-    agents = [subprocess.Popen(["bash", str(script)], cwd=ROOT, env=_env(), stdout=o, stderr=e, start_new_session=True)
-              for o, e in logs]
+    # Node 0 starts first and hosts the rendezvous store (a real head node does) before node 1
+    # joins: the node lost below is then never the store's host, whose loss would end the
+    # survivor's agent through the store before its ranks can report the lost peer.
+    agents = []
+    for o, e in logs:
+        agents.append(subprocess.Popen(["bash", str(script)], cwd=ROOT, env=_env(), stdout=o, stderr=e,
+                                       start_new_session=True))
+        if len(agents) == 1:
+            _wait_for_listener(port, agents[0])
     try:
         deadline = time.time() + 400
         while len(_losses(run / "metrics.jsonl")) < 3:
             assert time.time() < deadline and all(a.poll() is None for a in agents), "two-node run did not reach step 3"
             time.sleep(0.1)
-        # rank 0 prints the step lines: its node is the survivor, the other one dies.
+        # rank 0 prints the step lines: its node is the survivor, the other one dies. Node 0, the
+        # store's host, started first: torch's rendezvous orders nodes by address, then agent pid,
+        # so it holds ranks 0-3.
         first = 0 if "step 1/" in (base / "node0.out").read_text() else 1
+        assert first == 0, "rank 0 is not on the node that hosts the rendezvous store"
         victim, survivor = agents[1 - first], agents[first]
         killed_at = time.time()
         _kill_node(victim)
