@@ -36,10 +36,10 @@ def build_variants(world: int, steps: int, model: str = "tiny") -> dict:
         job = make_job(make_plan(Layout("tp2_pp2_dp2_z1", tp=2, pp=2, dp=2, zero=1), model=model), steps=steps)
         return {"hybridpar_z1": job.train_step, "hand": HandLoop(job).step}
     z0 = make_job(make_plan(Layout(f"dp{world}_z0", dp=world, zero=0), model=model), steps=steps)
-    z1 = make_job(make_plan(Layout(f"dp{world}_z1", dp=world, zero=1), model=model), steps=steps)
+    z1_plan = make_plan(Layout(f"dp{world}_z1", dp=world, zero=1), model=model)
+    z1 = make_job(z1_plan, steps=steps)
     # The same ZeRO-1 job with the DP reduction left to DeepSpeed after the backward (no grad_sync).
-    z1_after = make_job(make_plan(Layout(f"dp{world}_z1", dp=world, zero=1), model=model), steps=steps,
-                        overlap_grad_reduce=False)
+    z1_after = make_job(z1_plan, steps=steps, overlap_grad_reduce=False)
     return {"hybridpar_z0": z0.train_step, "hybridpar_z1": z1.train_step,
             "hybridpar_z1_after_backward": z1_after.train_step, "ddp": DDPLoop(z1).step}
 

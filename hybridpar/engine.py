@@ -216,7 +216,7 @@ class StageEngine:
             self._defer_zero2_reduction()
         if self.fp32_grad_accum:
             self._fp32_grad_accumulation()
-        self.grad_sync = None
+        self.grad_sync, self.buckets_issued_in_backward = None, 0
         if overlap_grad_reduce and mesh.size("dp_cp") > 1:
             self.grad_sync = OverlappedGradReduction(self._params(), mesh.group("dp_cp"), grad_bucket_numel)
             for chunk in chunks:

@@ -27,8 +27,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-# 40M elements, megatron-core's default bucket (DistributedDataParallelConfig: max(40M, 1M x dp)).
-DEFAULT_BUCKET_NUMEL = 40_000_000
+# The bucket the planner assumes (topology/cost.py): megatron-core's default, 40M elements.
+from topology.cost import GRAD_BUCKET_NUMEL as DEFAULT_BUCKET_NUMEL
 
 
 def bucket_params(params: list, bucket_numel: int) -> list[list]:

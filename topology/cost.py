@@ -44,8 +44,8 @@ TILE = (128, 256)
 # Adam step per parameter of the optimizer shard: read and write fp32 master, momentum and
 # variance (24 B), read the gradient (4 B), write the 16-bit weight (2 B).
 OPTIMIZER_BYTES_PER_PARAM = 30
-# Gradient bucket of the overlapped DP reduction: megatron-core's default 40M elements (hybridpar's
-# grad_sync uses the same).
+# Gradient bucket of the overlapped DP reduction: megatron-core's default 40M elements
+# (DistributedDataParallelConfig: max(40M, 1M x dp)); hybridpar/grad_sync.py uses this one.
 GRAD_BUCKET_NUMEL = 40_000_000
 
 

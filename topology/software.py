@@ -95,8 +95,7 @@ MEGATRON_CORE = replace(HYBRIDPAR, overlap_param_gather=True, zero2_reduce_once=
 # Its linear layers all-reduce the input gradient synchronously (the async all-reduce came with
 # megatron-core), and it splits pipeline messages over TP (scatter/gather, Narayanan et al. §4.1).
 MEGATRON_2021 = Software(flash_attention=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
-                         overlap_p2p=False,
-                         fused_grad_accum=False, tp_bwd_overlap=False, p2p_scatter_gather=True)
+                         overlap_p2p=False, fused_grad_accum=False, tp_bwd_overlap=False, p2p_scatter_gather=True)
 # BLOOM's Megatron-DeepSpeed (bigscience tr11-176B-ml): the 2021 Megatron layers driven by
 # DeepSpeed's PipelineEngine and BF16_Optimizer, which "accumulates grads in fp32. It doesn't shard
 # the static fp32 buffer" (formulas.md §3) and all-reduces those fp32 gradients.

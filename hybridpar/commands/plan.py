@@ -18,7 +18,7 @@ HELP = "plan the TP x CP x PP x DP layout of a model on N GPUs (DP outermost), r
 
 DEFAULT_TOKENS = 16 * 1024 * 1024  # Llama 3's 16M-token batch (Table 4)
 # What runs the plan: hybridpar's own runtime (default), or megatron-core's stack (distributed
-# optimizer with the DP reduction overlapped, classic ZeRO-2, bf16 gradient reduction).
+# optimizer with the DP reduction overlapped, classic ZeRO-2, fp32 gradient reduction).
 SOFTWARE = {"hybridpar": HYBRIDPAR, "megatron-core": MEGATRON_CORE}
 PINS = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "micro_batch": "micro_batch", "vpp": "vpp",
         "zero": "zero_stage", "recompute": "recompute"}
