@@ -16,7 +16,7 @@ class Layout:
     dp: int = 1
     zero: int = 1
     sp: bool = False
-    reduce_to_owner: bool = False  # '_rs': DeepSpeed use_multi_rank_bucket_allreduce off
+    deepspeed_reduces: bool = False  # '_after': DP reduction left to DeepSpeed, after the backward
 
     @property
     def world(self) -> int:
@@ -24,13 +24,13 @@ class Layout:
 
     @classmethod
     def parse(cls, text: str) -> "Layout":
-        """'tp2_cp2_pp2_dp2_z1[_sp]' -> Layout."""
+        """'tp2_cp2_pp2_dp2_z1[_sp][_after]' -> Layout."""
         kw = {"name": text}
         for part in text.split("_"):
             if part == "sp":
                 kw["sp"] = True
-            elif part == "rs":
-                kw["reduce_to_owner"] = True
+            elif part == "after":
+                kw["deepspeed_reduces"] = True
             elif part.startswith("tp"):
                 kw["tp"] = int(part[2:])
             elif part.startswith("cp"):
@@ -58,32 +58,14 @@ def make_plan(layout: Layout, model: str = "tiny", seq_len: int = 32, global_bat
     return plan
 
 
-def make_job(plan: Plan, steps: int = 100, lr: float = 1e-3, seed: int = 0, reduce_to_owner: bool = False,
-             overlap_grad_reduce: bool = True):
+def make_job(plan: Plan, steps: int = 100, lr: float = 1e-3, seed: int = 0, overlap_grad_reduce: bool = True):
     """A hybridpar Job (requires torch.distributed up) on synthetic tokens.
 
-    ``reduce_to_owner``: an experiment, not hybridpar's configuration: DeepSpeed's ZeRO-1/2
-    reduce each gradient partition to its owner instead of all-reducing whole buckets (so the
-    DP reduction is DeepSpeed's, after the backward, not hybridpar.grad_sync's).
-    ``overlap_grad_reduce``: hybridpar's bucketed DP all-reduce during the last backward."""
-    from hybridpar import engine
+    ``overlap_grad_reduce``: hybridpar's bucketed DP reduction during the last backward (ZeRO 1/2:
+    each element to the rank that steps it); False leaves it to DeepSpeed, after the backward."""
     from hybridpar.data import SyntheticTokens
     from hybridpar.engine import OptimConfig
     from hybridpar.train import Job
-
-    if reduce_to_owner:
-        original = engine.deepspeed_config
-
-        def patched(*args, **kwargs):
-            cfg = original(*args, **kwargs)
-            cfg["zero_optimization"]["use_multi_rank_bucket_allreduce"] = False
-            return cfg
-
-        engine.deepspeed_config = patched
-        try:
-            return make_job(plan, steps, lr, seed, overlap_grad_reduce=False)  # DeepSpeed must reduce
-        finally:
-            engine.deepspeed_config = original
 
     optim = OptimConfig(lr=lr, min_lr=lr / 10, warmup_steps=0, total_steps=steps)
     source = SyntheticTokens(plan.seq_len, plan.global_batch, plan.model.vocab, seed=seed)

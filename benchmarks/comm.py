@@ -26,8 +26,8 @@ from benchmarks import _dist
 from benchmarks._jobs import Layout, make_job, make_plan
 from benchmarks.results_io import RESULTS_DIR, write_result
 
-DEFAULT_LAYOUTS = ("tp2_pp2_dp2_z1,tp2_pp2_dp2_z0,tp2_pp2_dp2_z2,tp2_pp2_dp2_z1_sp,tp2_pp2_dp2_z1_rs,"
-                   "dp8_z0,dp8_z1,dp8_z1_rs,pp4_dp2_z1,cp2_pp2_dp2_z1,cp4_dp2_z1")
+DEFAULT_LAYOUTS = ("tp2_pp2_dp2_z1,tp2_pp2_dp2_z0,tp2_pp2_dp2_z2,tp2_pp2_dp2_z1_sp,tp2_pp2_dp2_z1_after,"
+                   "dp8_z0,dp8_z1,dp8_z1_after,pp4_dp2_z1,cp2_pp2_dp2_z1,cp4_dp2_z1")
 AXES = ("tp", "cp", "pp", "dp")
 DTYPE_BYTES = 4  # fp32 on CPU; DeepSpeed reduces in fp32 (hybridpar's communication_data_type)
 
@@ -46,7 +46,7 @@ def worker(out: str, layouts: list[str], model: str) -> None:
     for name in layouts:
         layout = Layout.parse(name)
         plan = make_plan(layout, model=model)
-        job = make_job(plan, reduce_to_owner=layout.reduce_to_owner)
+        job = make_job(plan, overlap_grad_reduce=not layout.deepspeed_reduces)
         job.train_step(1)
         with recorder.recording() as events:
             job.train_step(2)
@@ -77,7 +77,7 @@ def analyse(name: str, ranks: list[dict], model: str) -> list[dict]:
         if r["tp_rank"] or r["dp_rank"] or r.get("cp_rank", 0):
             continue
         exact = runtime_bytes(plan, r["pp_rank"], dtype_bytes=DTYPE_BYTES, grad_bytes=4,
-                              bucket_allreduce=not layout.reduce_to_owner)
+                              bucket_allreduce=layout.deepspeed_reduces)
         stage_n = params_per_rank(plan, _stage_of(plan, r["pp_rank"]))
         cost = cost_model_bytes(plan, planner_software(layout), DTYPE_BYTES, pp_rank=r["pp_rank"])
         for axis in AXES:
@@ -107,9 +107,9 @@ def _stage_of(plan, pp_rank):
 
 
 def planner_software(layout: Layout) -> Software:
-    """hybridpar's profile; the '_rs' layouts turn DeepSpeed's bucket all-reduce off, which the
-    profile's full_grad_allreduce describes."""
-    return replace(HYBRIDPAR, full_grad_allreduce=not layout.reduce_to_owner)
+    """hybridpar's profile; the '_after' layouts leave the DP reduction to DeepSpeed, which
+    all-reduces every gradient bucket in full (the profile's full_grad_allreduce)."""
+    return replace(HYBRIDPAR, full_grad_allreduce=layout.deepspeed_reduces)
 
 
 def replan(result: dict) -> dict:

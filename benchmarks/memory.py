@@ -3,8 +3,9 @@
 `hybridpar bench memory [--dp 1,2,4,8]` starts one launch per DP size (fp32, gloo, CPU); each
 rank builds a hybridpar Job per ZeRO stage of a 7.1M-parameter Llama-style model ("mem-7m":
 4 layers, hidden 256, ffn 704, 4 heads / 2 KV, vocab 8192), trains 2 steps and reports, on
-rank 0: weight bytes, gradient bytes held just before the optimizer step (hybridpar accumulates
-full gradients over the micro-batches in every stage), DeepSpeed's partitioned gradient and
+rank 0: weight bytes, gradient bytes held at the end of the backward (hybridpar accumulates
+full gradients over the micro-batches in every stage; by then some are in their DP reduction's
+buffers), DeepSpeed's partitioned gradient and
 reduction-bucket buffers, optimizer-state bytes (AdamW moments plus DeepSpeed's fp32 master
 partition), and peak RSS (VmHWM, reset before each variant). Beside them: topology/memory.py's
 model_state_bytes for the same parameters, as the planner plans them (bf16 mixed precision:
@@ -51,18 +52,22 @@ def _tensor_bytes(tensors) -> int:
 
 
 def measure(job) -> dict:
-    """Per-rank state bytes of a Job; gradients are captured just before the optimizer step."""
+    """Per-rank state bytes of a Job; gradients are captured at the end of the backward."""
     import torch
 
     params = [p for c in job.chunks for p in c.parameters()]
     seen = {}
-    original_step = job.engine.step
+    original_finish = job.engine.finish_grad_reduction
 
-    def step(lr):
-        seen["grads"] = _tensor_bytes(p.grad for p in params)
-        return original_step(lr)
+    def finish_grad_reduction():
+        # At the end of the backward a gradient is either still in p.grad or in the buffer of its
+        # DP reduction (grad_sync.py), in flight: count both.
+        sync = job.engine.grad_sync
+        in_flight = [buffer for works in (sync._work if sync else []) for _, buffer in works]
+        seen["grads"] = _tensor_bytes(p.grad for p in params) + _tensor_bytes(in_flight)
+        return original_finish()
 
-    job.engine.step = step
+    job.engine.finish_grad_reduction = finish_grad_reduction
     job.train_step(1)
     job.train_step(2)
     ds_opt = job.engine.engine.optimizer

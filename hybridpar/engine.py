@@ -9,11 +9,16 @@ micro-batches on the raw chunks; DeepSpeed does not manage gradient accumulation
 global batch, where DeepSpeed applies AdamW.
 
 DP reduction (``overlap_grad_reduce``, the default): ``grad_sync.OverlappedGradReduction``
-all-reduces the gradients over DP (x CP) in buckets issued from the last micro-batch's backward,
-and ``finish_grad_reduction()`` waits for them before the model-parallel sums; DeepSpeed's own
-collective is switched off (``_hand_dp_reduction_to_grad_sync``) and it partitions, clips and
-steps the averaged gradients as before. With the overlap off, DeepSpeed reduces in ``step()``
-as described below (its ZeRO-1/2 bucketing, in which every bucket is all-reduced in full).
+reduces the gradients over DP (x CP) in buckets issued from the last micro-batch's backward, and
+``finish_grad_reduction()`` waits for them before the model-parallel sums. ZeRO-0: each bucket is
+all-reduced. ZeRO 1/2: each gradient element is reduced only to the DP rank whose DeepSpeed
+partition holds it (``zero_partitions``: the bytes of a reduce-scatter, half an all-reduce's), and
+``step()`` hands DeepSpeed that flat partition as its averaged gradient; the few parameters whose
+model-parallel sums need the averaged gradient whole (sequence-parallel norm weights, a tied
+embedding on the end stages: ``whole_grad_params``) are all-reduced as at ZeRO-0. DeepSpeed's
+own reduction is switched off (``_hand_dp_reduction_to_grad_sync``); its norm, clipping, step and
+weight all-gather are unchanged. With the overlap off, DeepSpeed reduces in ``step()`` as
+described below (its ZeRO-1/2 bucketing, in which every bucket is all-reduced in full).
 
 Every DeepSpeed default that changes the math is set explicitly (gradient_clipping,
 predivide/prescale, communication dtype, loss scaling, bf16/fp16).
@@ -63,9 +68,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
-from torch._utils import _flatten_dense_tensors
 
 from .grad_sync import DEFAULT_BUCKET_NUMEL, OverlappedGradReduction
+from .zero_partitions import PartitionHandOff
 
 
 @dataclass(frozen=True)
@@ -185,7 +190,8 @@ class StageEngine:
     """This rank's DeepSpeed engine over its pipeline stage's chunks."""
 
     def __init__(self, chunks: list, mesh, cfg: OptimConfig, zero_stage: int, micro_batch: int, grad_accum: int, bf16: bool,
-                 overlap_grad_reduce: bool = True, grad_bucket_numel: int = DEFAULT_BUCKET_NUMEL):
+                 overlap_grad_reduce: bool = True, grad_bucket_numel: int = DEFAULT_BUCKET_NUMEL,
+                 whole_grad_params: list | None = None):
         import deepspeed
 
         from . import cpu
@@ -216,9 +222,16 @@ class StageEngine:
             self._defer_zero2_reduction()
         if self.fp32_grad_accum:
             self._fp32_grad_accumulation()
-        self.grad_sync, self.buckets_issued_in_backward = None, 0
+        self.grad_sync, self.buckets_issued_in_backward, self.hand_off = None, 0, None
+        # Averaged gradients that model-parallel sums read whole (pipeline.model_parallel_summed_params).
+        self.whole_grad_params = list(whole_grad_params or [])
         if overlap_grad_reduce and mesh.size("dp_cp") > 1:
-            self.grad_sync = OverlappedGradReduction(self._params(), mesh.group("dp_cp"), grad_bucket_numel)
+            owners = None
+            if zero_stage > 0:
+                self.hand_off = PartitionHandOff(self.engine.optimizer, mesh.group("dp_cp"))
+                whole = {id(p) for p in self.whole_grad_params}
+                owners = {p: runs for p, runs in self.hand_off.pieces.items() if id(p) not in whole}
+            self.grad_sync = OverlappedGradReduction(self._params(), mesh.group("dp_cp"), grad_bucket_numel, owners)
             for chunk in chunks:
                 chunk.config.no_sync_func = self.grad_sync.no_sync
             self._hand_dp_reduction_to_grad_sync()
@@ -315,19 +328,13 @@ class StageEngine:
 
     def _hand_dp_reduction_to_grad_sync(self) -> None:
         """The gradients DeepSpeed sees are already averaged over DP (x CP) by ``grad_sync``:
-        ZeRO-0 skips its all-reduce; ZeRO 1/2 keep their bucketing into partitions but neither
-        divide nor communicate (their one collective, ``allreduce_bucket``, becomes the flatten it
-        starts with)."""
-        if self.zero_stage == 0:
-            self.engine.enable_backward_allreduce = False
-            return
-        opt = self.engine.optimizer
-        opt.gradient_average = False
-
-        def already_reduced(bucket, communication_data_type, rank=None, log=None, divide=True, process_group=None):
-            return _flatten_dense_tensors(bucket).to(communication_data_type)
-
-        opt.allreduce_bucket = already_reduced
+        ZeRO-0 skips its all-reduce; ZeRO 1/2 skip their whole boundary reduction (bucketing,
+        collective, copies into partitions): ``step()`` installs the partitions ``grad_sync``
+        reduced to this rank (``zero_partitions.PartitionHandOff``)."""
+        self.engine.enable_backward_allreduce = False  # ZeRO 0/1: engine.step() reduces no more
+        if self.zero_stage == 2:
+            opt = self.engine.optimizer
+            opt.finalize_gradient_accumulation_boundary = lambda: opt.set_gradient_accumulation_boundary(True)
 
     def finish_grad_reduction(self) -> None:
         """Wait for the DP reduction issued during the last backward (call before the
@@ -346,7 +353,10 @@ class StageEngine:
         if self.grad_sync is not None and self.grad_sync.pending:
             raise RuntimeError("finish_grad_reduction() must run before step(): DP reduction still in flight")
         self.set_lr(lr)
-        if self.fp32_grad_accum and self.zero_stage > 0:
+        if self.hand_off is not None:
+            self.hand_off.install(self.grad_sync.received, self.whole_grad_params)
+            self.grad_sync.received = []  # the partitions hold the data now
+        elif self.fp32_grad_accum and self.zero_stage > 0:
             self._hand_over_fp32_grads()
         elif self.zero_stage == 1:
             self.engine.optimizer.setup_buckets()  # what the removed hooks did

@@ -5,20 +5,26 @@ model chunk's last micro-batch, every parameter's gradient is final as soon as a
 accumulated it (``register_post_accumulate_grad_hook``); the parameters are grouped in buckets
 in backward order (reverse registration order), and a bucket's all-reduce over the DP (x CP)
 group is issued asynchronously the moment its last gradient lands, while the backward pass
-goes on through earlier layers. The bucket's flat fp32 copy then replaces the parameters'
-gradients (``p.grad`` is dropped), so the backward never holds two copies of a gradient;
-``finish()`` waits for the reductions and hands each parameter a view of its averaged slice.
+goes on through earlier layers. The bucket's fp32 copy then replaces the parameters' gradients
+(``p.grad`` is dropped), so the backward never holds two copies of a gradient; ``finish()`` waits
+for the reductions and hands each parameter a view of its averaged slice (or, reduced to an
+owner, hands the owner its runs).
 This is megatron-core's ``overlap_grad_reduce`` and torch DDP's bucketing.
 
 Which backward is the last is megatron's to say: its schedules call ``config.no_sync_func``
 around every micro-batch but a chunk's last one (``no_sync``). Buckets are issued strictly in
 order, so every rank of the group issues the same collectives in the same order whatever the
-order their gradients arrive in. Reductions run in fp32 (DeepSpeed's
-``communication_data_type`` here): sum, then divide by the group size.
+order their gradients arrive in. Reductions run in fp32: sum, then divide by the group size.
 
+Two kinds of reduction, per parameter. Without ``owners`` (ZeRO-0) a bucket is all-reduced and
+every rank gets every averaged gradient. With ``owners`` (ZeRO 1/2: which rank steps which
+elements, ``zero_partitions.partition_pieces``) each bucket is cut by owner and every owner's
+runs are reduced to that owner alone (one ``dist.reduce`` per owner the bucket touches: a
+reduce-scatter's bytes, half an all-reduce's, and no padding where DeepSpeed's partitions cut a
+bucket unevenly); afterwards the owner holds its averaged runs (``received``) and nobody holds
+the full averaged gradient. Parameters left out of ``owners`` are all-reduced as before.
 DeepSpeed's own reduction of the same gradients is switched off by the engine (engine.py
-``_hand_dp_reduction_to_grad_sync``); its ZeRO partitioning, norm, clipping and step are
-unchanged and read the already averaged gradients.
+``_hand_dp_reduction_to_grad_sync``).
 """
 from __future__ import annotations
 
@@ -47,21 +53,41 @@ def bucket_params(params: list, bucket_numel: int) -> list[list]:
 
 
 class OverlappedGradReduction:
-    def __init__(self, params: list, group, bucket_numel: int = DEFAULT_BUCKET_NUMEL):
+    """``owners`` (ZeRO 1/2: ``zero_partitions.partition_pieces``): parameter -> the runs of its
+    gradient each rank of the group steps; those runs are reduced to their owner only, and after
+    ``finish()`` the owner finds them in ``received`` (its averaged runs) and the parameter has no
+    ``p.grad``. Parameters not in ``owners`` (or every one, without it) are all-reduced in full and
+    get their averaged ``p.grad``."""
+
+    def __init__(self, params: list, group, bucket_numel: int = DEFAULT_BUCKET_NUMEL, owners: dict | None = None):
         self.group = group
         self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.ranks = dist.get_process_group_ranks(group)
+        self.owners = owners or {}
         self.buckets = bucket_params(list(reversed(params)), bucket_numel)
         self._bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
+        # Per bucket: the parameters reduced in full, and each owner's runs [(param, Piece)].
+        self._full = [[p for p in bucket if p not in self.owners] for bucket in self.buckets]
+        self._runs = []
+        for bucket in self.buckets:
+            by_owner: dict = {}
+            for p in bucket:
+                for pc in self.owners.get(p, ()):
+                    by_owner.setdefault(pc.owner, []).append((p, pc))
+            self._runs.append(sorted(by_owner.items()))
         self.enabled = True  # megatron's schedule turns it off for all but a chunk's last micro-batch
+        self.received: list = []
         self._reset()
         for p in params:  # the hooks live as long as the parameters
             p.register_post_accumulate_grad_hook(self._grad_ready)
 
     def _reset(self) -> None:
         self._ready = [set() for _ in self.buckets]
-        self._work: list = [None] * len(self.buckets)
+        self._work: list = [[] for _ in self.buckets]
         self._flat: list = [None] * len(self.buckets)
         self._dtypes: list = [None] * len(self.buckets)
+        self._mine: list = [None] * len(self.buckets)  # (buffer, pieces) this rank owns, per bucket
         self._next = 0  # the next bucket to issue
         self._issued_in_backward = 0
 
@@ -89,31 +115,49 @@ class OverlappedGradReduction:
             self._issued_in_backward += 1
 
     def _issue(self, i: int) -> None:
-        grads = []
-        for p in self.buckets[i]:
-            # No gradient this step on this rank: it contributes zeros.
-            g = p.grad if p.grad is not None else torch.zeros_like(p, dtype=getattr(p, "grad_dtype", None) or p.dtype)
-            grads.append(g)
-        self._dtypes[i] = [g.dtype for g in grads]
-        self._flat[i] = flat = torch.cat([g.reshape(-1).float() for g in grads])
-        for p in self.buckets[i]:  # the flat copy is the gradient now: no second copy lives on
-            p.grad = None          # through the rest of the backward
-        self._work[i] = dist.all_reduce(flat, group=self.group, async_op=True)
+        bucket = self.buckets[i]
+        # No gradient this step on this rank: it contributes zeros.
+        grads = {p: p.grad if p.grad is not None else torch.zeros_like(p, dtype=getattr(p, "grad_dtype", None) or p.dtype)
+                 for p in bucket}
+        self._dtypes[i] = [grads[p].dtype for p in self._full[i]]
+        if self._full[i]:
+            self._flat[i] = torch.cat([grads[p].reshape(-1).float() for p in self._full[i]])
+            self._work[i].append((dist.all_reduce(self._flat[i], group=self.group, async_op=True), self._flat[i]))
+        for owner, runs in self._runs[i]:
+            buffer = torch.cat([grads[p].reshape(-1)[pc.start:pc.start + pc.length].float() for p, pc in runs])
+            # the buffer is kept alive with its work until finish(); only the owner's is read
+            self._work[i].append((dist.reduce(buffer, dst=self.ranks[owner], group=self.group, async_op=True), buffer))
+            if owner == self.rank:
+                self._mine[i] = (buffer, [pc for _, pc in runs])
+        for p in bucket:  # the reduced copies are the gradient now: no second copy lives on
+            p.grad = None  # through the rest of the backward
         self._next = i + 1
 
     def finish(self) -> int:
-        """Issue what the backward did not (in order), wait for every bucket, and replace each
-        gradient by its average over the group. Returns how many buckets the backward issued."""
+        """Issue what the backward did not (in order), wait for every bucket, and replace each fully
+        reduced gradient by its average over the group (owned runs: ``received``). Returns how
+        many buckets the backward issued."""
         while self._next < len(self.buckets):
             self._issue(self._next)
-        for bucket, work, flat, dtypes in zip(self.buckets, self._work, self._flat, self._dtypes):
-            work.wait()
-            flat.div_(self.world)
-            offset = 0
-            for p, dtype in zip(bucket, dtypes):
-                averaged = flat[offset:offset + p.numel()].view_as(p)  # a view: no copy for fp32
-                p.grad = averaged if dtype == flat.dtype else averaged.to(dtype)
-                offset += p.numel()
+        self.received = []
+        for i in range(len(self.buckets)):
+            for work, _ in self._work[i]:
+                work.wait()
+            flat = self._flat[i]
+            if flat is not None:
+                flat.div_(self.world)
+                offset = 0
+                for p, dtype in zip(self._full[i], self._dtypes[i]):
+                    averaged = flat[offset:offset + p.numel()].view_as(p)  # a view: no copy for fp32
+                    p.grad = averaged if dtype == flat.dtype else averaged.to(dtype)
+                    offset += p.numel()
+            if self._mine[i] is not None:
+                buffer, pieces = self._mine[i]
+                buffer.div_(self.world)
+                offset = 0
+                for pc in pieces:
+                    self.received.append((pc, buffer[offset:offset + pc.length]))
+                    offset += pc.length
         issued_in_backward = self._issued_in_backward
         self._reset()
         return issued_in_backward

@@ -87,17 +87,25 @@ def forward_backward(chunks: list, mesh, batches: list[torch.Tensor], seq_len: i
     return torch.stack(losses).mean() if losses else None
 
 
-def finalize_model_parallel_grads(chunks: list, mesh, tied: bool, sequence_parallel: bool) -> None:
-    """Gradient sums that model parallelism needs before DP reduction (not DP itself)."""
+def model_parallel_summed_params(chunks: list, mesh, tied: bool, sequence_parallel: bool) -> tuple[list, object]:
+    """(sequence-parallel parameters whose gradients are summed over TP, the tied embedding or
+    output weight summed over the embedding group, or None): what
+    ``finalize_model_parallel_grads`` sums. Their DP-averaged gradients must be whole first."""
+    sp = []
     if sequence_parallel and mesh.size("tp") > 1:
-        grads = [p.grad for c in chunks for p in c.parameters() if getattr(p, "sequence_parallel", False) and p.grad is not None]
-        _all_reduce_flat(grads, mesh.group("tp"))
+        sp = [p for c in chunks for p in c.parameters() if getattr(p, "sequence_parallel", False)]
+    weight = None
     if tied and mesh.layout.pp > 1 and (mesh.is_first_stage or mesh.is_last_stage):
-        weight = None
-        if mesh.is_first_stage:
-            weight = chunks[0].shared_embedding_or_output_weight()
-        else:
-            weight = chunks[-1].shared_embedding_or_output_weight()
+        chunk = chunks[0] if mesh.is_first_stage else chunks[-1]
+        weight = chunk.shared_embedding_or_output_weight()
+    return sp, weight
+
+
+def finalize_model_parallel_grads(chunks: list, mesh, tied: bool, sequence_parallel: bool) -> None:
+    """Gradient sums that model parallelism needs besides the DP reduction (not DP itself)."""
+    sp, weight = model_parallel_summed_params(chunks, mesh, tied, sequence_parallel)
+    _all_reduce_flat([p.grad for p in sp if p.grad is not None], mesh.group("tp"))
+    if weight is not None:
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
         dist.all_reduce(weight.grad, group=mesh.group("embedding"))

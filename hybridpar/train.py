@@ -31,7 +31,7 @@ from .engine import OptimConfig, StageEngine, lr_at
 from .grad_sync import DEFAULT_BUCKET_NUMEL
 from .mesh import Mesh
 from .model import ModelOptions, build_model, canonical_params, full_from_shards
-from .pipeline import finalize_model_parallel_grads, forward_backward, micro_batches
+from .pipeline import finalize_model_parallel_grads, forward_backward, micro_batches, model_parallel_summed_params
 
 
 @dataclass
@@ -68,8 +68,12 @@ class Job:
         self.engine = StageEngine(
             self.chunks, self.mesh, optim, plan.zero_stage, plan.micro_batch, plan.grad_accum,
             bf16=self.dtype == torch.bfloat16, overlap_grad_reduce=overlap_grad_reduce,
-            grad_bucket_numel=grad_bucket_numel,
+            grad_bucket_numel=grad_bucket_numel, whole_grad_params=self._model_parallel_summed(),
         )
+
+    def _model_parallel_summed(self) -> list:
+        sp, weight = model_parallel_summed_params(self.chunks, self.mesh, self.tied, self.sequence_parallel)
+        return sp + ([weight] if weight is not None else [])
 
     # --- one step ---------------------------------------------------------------------
     def replica_batches(self, step: int) -> list[torch.Tensor]:

@@ -49,8 +49,9 @@ def test_runtime_bytes_match_the_counts_recorded_on_tiny_tp2_pp2_dp2():
     assert first["pp"].wire_bytes == 4 * act and first["pp"].calls == 8
     n = params_per_rank(plan, stages(plan)[0])
     assert n == 56576  # what the recorded run's first stage holds
-    assert first["dp"].wire_bytes == pytest.approx(1.0 * n * 4 + 0.5 * n * 4)  # all-reduce + all-gather
-    assert runtime_bytes(plan, 0, bucket_allreduce=False)["dp"].wire_bytes == pytest.approx(n * 4)
+    assert first["dp"].wire_bytes == pytest.approx(0.5 * n * 4 + 0.5 * n * 4)  # reduce to owners + all-gather
+    # DeepSpeed's own reduction (overlap off): every bucket all-reduced in full
+    assert runtime_bytes(plan, 0, bucket_allreduce=True)["dp"].wire_bytes == pytest.approx(1.5 * n * 4)
     z0 = runtime_bytes(replace(plan, zero_stage=0), 0)["dp"].wire_bytes
     assert z0 == pytest.approx(dp_ring_lower_bound(n, 2, 4))
     sp = runtime_bytes(replace(plan, sequence_parallel=True), 0)
@@ -96,8 +97,8 @@ def test_cost_model_bytes_match_recorded_steps():
     for row in result["rows"]:
         if row["axis"] == "scalars+other":
             continue
-        layout = Layout.parse(row["layout"])  # '_rs': DeepSpeed's bucket all-reduce off
-        sw = replace(HYBRIDPAR, full_grad_allreduce=not layout.reduce_to_owner)
+        layout = Layout.parse(row["layout"])  # '_after': DeepSpeed's bucket all-reduce, in full
+        sw = replace(HYBRIDPAR, full_grad_allreduce=layout.deepspeed_reduces)
         plan = make_plan(layout, model=result["model"])
         want = cost_model_bytes(plan, sw, dtype_bytes=4, pp_rank=row["pp_rank"])[row["axis"]].wire_bytes
         if row["axis"] == "cp" and plan.cp > 1:

@@ -58,6 +58,9 @@ LIGHTER_SPLIT = {
     "tp2_pp2_dp2_vpp4_lighter": ([[0, 1, 1, 1]] * 2 + [[1, 1, 1, 0]] * 2) * 2,  # tp innermost, then pp
 }
 RECORD = ["tp2_pp2_dp2_zero1", "pp4_dp2"]
+# Recorded too, for the DP reduction's shape: ZeRO-1 with a tied embedding (summed whole over
+# the embedding group) and ZeRO-1 with the reduction left to DeepSpeed.
+RECORD_DP = ["tp2_pp2_dp2_tied", "tp2_pp2_dp2_zero1_after_backward"]
 REFERENCES = [{"name": "ref"}, {"name": "ref_tied", "tied": True}, {"name": "ref_6_layers", "layers": 6},
               {"name": "memorise", "fixed_batch": True, "lr": 1e-2}]
 LR = 3e-3
@@ -79,7 +82,7 @@ def _torchrun(nproc: int, cfg: dict, out: Path, timeout: int):
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("runtime")
     ref = _torchrun(1, {"layouts": REFERENCES}, base / "ref", timeout=300)
-    par = _torchrun(8, {"layouts": LAYOUTS, "record": RECORD}, base / "par", timeout=900)
+    par = _torchrun(8, {"layouts": LAYOUTS, "record": RECORD + RECORD_DP}, base / "par", timeout=900)
     return base, ref, par
 
 
@@ -196,3 +199,41 @@ def test_traffic_stays_on_its_axis(runs, name):
     assert p2p_events > 0, "no pipeline traffic"
     if layout.tp > 1:
         assert tp_events > 0, "no tensor-parallel traffic"
+
+
+def _dp_gradient_numel(base, name) -> list[dict]:
+    """Per rank: elements sent into DP-group reduces and all-reduces (scalars excluded)."""
+    from topology.layout import RankLayout
+
+    layout_cfg = next(l for l in LAYOUTS if l["name"] == name)
+    layout = RankLayout(tp=layout_cfg.get("tp", 1), pp=layout_cfg.get("pp", 1), dp=layout_cfg.get("dp", 1))
+    out = []
+    for per_rank in _events(base, name):
+        dp_group = layout.group_of(per_rank["rank"], "dp")
+        sums = {"reduce": 0, "all_reduce": 0}
+        for e in per_rank["events"]:
+            if e["group"] == dp_group and e["op"] in sums and e["numel"] > 8:
+                sums[e["op"]] += e["numel"]
+        out.append(sums)
+    return out
+
+
+@pytest.mark.parametrize("name", ["tp2_pp2_dp2_zero1", "pp4_dp2", "tp2_pp2_dp2_tied"])
+def test_zero_reduces_each_gradient_element_to_its_owner_only(runs, name):
+    """ZeRO 1/2 with grad_sync: every gradient element goes into exactly one reduce, to the DP rank
+    that steps it (the bytes of a reduce-scatter), except the tied embedding's, which the
+    embedding-group sum needs whole (all-reduced)."""
+    base, _, par = runs
+    for sums, (grad_numel, whole_numel) in zip(_dp_gradient_numel(base, name), par[name]["grad_and_whole_numel"]):
+        assert sums["reduce"] == grad_numel - whole_numel, (name, sums, grad_numel, whole_numel)
+        assert sums["all_reduce"] == whole_numel, (name, sums, whole_numel)
+    if name.endswith("tied"):
+        assert any(whole for _, whole in par[name]["grad_and_whole_numel"]), "no tied embedding on the end stages"
+
+
+def test_deepspeed_reduction_all_reduces_in_full(runs):
+    """The contrast: with the overlap off DeepSpeed all-reduces every gradient bucket in full."""
+    base, _, par = runs
+    name = "tp2_pp2_dp2_zero1_after_backward"
+    for sums, (grad_numel, _) in zip(_dp_gradient_numel(base, name), par[name]["grad_and_whole_numel"]):
+        assert sums["reduce"] == 0 and sums["all_reduce"] >= grad_numel, (sums, grad_numel)

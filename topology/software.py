@@ -41,11 +41,12 @@ class Software:
     # Gradients are all-reduced in full over DP (in fp32 when fp32_grads) although the optimizer
     # is sharded; the updated 16-bit weights are then all-gathered. DeepSpeed's BF16_Optimizer
     # with pipeline parallelism: runtime/pipe/engine.py _bf16_reduce_grads ->
-    # buffered_allreduce_fallback over the fp32 _hp_grad buffers. Also hybridpar's ZeRO-1 and
-    # its once-per-step ZeRO-2: DeepSpeed 0.19's zero_optimization.use_multi_rank_bucket_allreduce
-    # defaults to true (hybridpar/engine.py deepspeed_config does not set it), so each gradient
-    # bucket is all-reduced in full and each rank keeps its partition (measured: README
-    # "Benchmarks", comm). Not for ZeRO-0 (one all-reduce anyway). False: a reduce-scatter.
+    # buffered_allreduce_fallback over the fp32 _hp_grad buffers. Also DeepSpeed's own ZeRO-1/2
+    # reduction as hybridpar drives it with overlap_grad_reduce off: DeepSpeed 0.19's
+    # zero_optimization.use_multi_rank_bucket_allreduce defaults to true, so each gradient bucket
+    # is all-reduced in full and each rank keeps its partition (measured: README "Benchmarks",
+    # comm). Not for ZeRO-0 (one all-reduce anyway). False: a reduce-scatter, or hybridpar's
+    # reduce of each element to the rank that steps it (grad_sync.py; the same bytes).
     full_grad_allreduce: bool = False
     # Attention kernel efficiency (fraction of dense peak, fwd+bwd); None: the GPU's default
     # (hardware.GPU.attention_fraction, a current FlashAttention-class kernel).
@@ -75,11 +76,13 @@ class Software:
 
 
 # hybridpar's runtime: megatron-core's layers and schedules, DeepSpeed ZeRO on the DP axis. The
-# gradients are all-reduced in buckets issued from the last backward (grad_sync.py, megatron's
-# no_sync_func marks it), then DeepSpeed partitions them, steps, and all-gathers the updated
-# weights before engine.step() returns (not overlapped). Gradients accumulate in fp32 (bf16 runs:
+# gradients are reduced in buckets issued from the last backward (grad_sync.py, megatron's
+# no_sync_func marks it): all-reduced at ZeRO-0; at ZeRO-1/2 each element is reduced to the DP
+# rank whose DeepSpeed partition holds it (zero_partitions.py: a reduce-scatter's bytes), which
+# hands DeepSpeed its partition; DeepSpeed steps and all-gathers the updated weights before
+# engine.step() returns (not overlapped). Gradients accumulate in fp32 (bf16 runs:
 # Tensor.grad_dtype, engine.py) and are reduced in fp32.
-HYBRIDPAR = Software(overlap_param_gather=False, zero2_reduce_once=True, full_grad_allreduce=True, fp32_grads=True)
+HYBRIDPAR = Software(overlap_param_gather=False, zero2_reduce_once=True, fp32_grads=True)
 # megatron-core / NeMo (and Llama 3's stack): the same layers, megatron-core's distributed
 # optimizer (a reduce-scatter of the gradients, overlapped with the last backward; the weight
 # all-gather with the next forward) and classic ZeRO-2. bf16 gradients accumulate and are reduced
@@ -87,7 +90,7 @@ HYBRIDPAR = Software(overlap_param_gather=False, zero2_reduce_once=True, full_gr
 # requires gradient accumulation and all-reduce to be done in fp32") unless --grad-reduce-in-bf16,
 # and NeMo 2's bf16_mixed() precision plugin sets grad_reduce_in_fp32=True; megatron-core's
 # DistributedDataParallelConfig then keeps an fp32 main-grad buffer.
-MEGATRON_CORE = replace(HYBRIDPAR, overlap_param_gather=True, zero2_reduce_once=False, full_grad_allreduce=False)
+MEGATRON_CORE = replace(HYBRIDPAR, overlap_param_gather=True, zero2_reduce_once=False)
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
 # DP all-reduce after the pipeline flush, blocking pipeline sends.

@@ -21,11 +21,13 @@ Two functions, compared by benchmarks/comm.py against bytes recorded from real s
   layer's input-gradient all-reduce and three cross-entropy all-reduces of ``b s`` fp32 values
   on the last stage (with sequence parallelism: embedding RS + AG, output layer AG + RS + AG, and
   once per step the TP all-reduce of the norm-weight gradients); full ``b s h`` activations per TP rank between stages unless sequence
-  parallel; DeepSpeed's DP reduction in ``grad_bytes`` (hybridpar sets its
-  ``communication_data_type`` to fp32) and, ZeRO >= 1, the all-gather of updated weights in the
-  model dtype; DeepSpeed all-reduces each ZeRO-1/2 gradient bucket in full by default
-  (``use_multi_rank_bucket_allreduce``), 2(n-1)/n instead of a reduce-scatter's (n-1)/n.
-  hybridpar's ZeRO-2 reduces once per step (engine.py), not per micro-batch.
+  parallel; the DP reduction in ``grad_bytes`` (fp32) and, ZeRO >= 1, the all-gather of updated
+  weights in the model dtype. ZeRO-0 all-reduces the gradients; ZeRO-1/2 reduce each gradient
+  element to the DP rank that steps it (grad_sync.py, zero_partitions.py: the bytes of a
+  reduce-scatter, (n-1)/n), except the sequence-parallel norm weights, whose TP sum needs them
+  whole (all-reduced, 2(n-1)/n). With the overlap off DeepSpeed reduces instead and all-reduces
+  each ZeRO-1/2 gradient bucket in full (its default ``use_multi_rank_bucket_allreduce``;
+  ``bucket_allreduce=True``). hybridpar's ZeRO-2 reduces once per step, not per micro-batch.
 
 "wire" bytes are what the rank sends under bandwidth-optimal ring algorithms (all-reduce
 2(n-1)/n of the buffer, all-gather/reduce-scatter/reduce (n-1)/n); "buffer" bytes are the
@@ -118,19 +120,22 @@ def cost_model_bytes(plan: Plan, sw: Software = HYBRIDPAR, dtype_bytes: int = 2,
 
 
 def runtime_bytes(plan: Plan, pp_rank: int = 0, dtype_bytes: int = 4, grad_bytes: int = 4,
-                  bucket_allreduce: bool = True, gloo: bool = True) -> dict[str, AxisBytes]:
+                  bucket_allreduce: bool = False, gloo: bool = True) -> dict[str, AxisBytes]:
     """Per-rank bytes per step that hybridpar's runtime moves on pipeline rank ``pp_rank``
     (no interleaving, untied embeddings; scalars such as the logged loss and norms excluded).
 
-    ``bucket_allreduce``: DeepSpeed's ZeRO-1/2 ``use_multi_rank_bucket_allreduce`` (default on,
-    and hybridpar does not set it): each gradient bucket is all-reduced in full, and each rank
-    keeps its partition, instead of reducing every partition to its owner. ``gloo``: the CP
+    ``bucket_allreduce``: the ZeRO-1/2 reduction is DeepSpeed's (``overlap_grad_reduce`` off),
+    whose default ``use_multi_rank_bucket_allreduce`` all-reduces each gradient bucket in full,
+    each rank keeping its partition. False: hybridpar's grad_sync reduces every element to its
+    owner (sequence-parallel norm weights all-reduced whole). ``gloo``: the CP
     backward sums dK/dV with an all-reduce (gloo has no reduce-scatter); False: NCCL's reduce-scatter."""
     m, t, d, mb = plan.model, plan.tp, plan.zero_group, plan.grad_accum
     st = _stage(plan, pp_rank)
     tokens = plan.micro_batch * plan.seq_len // plan.cp
     act = tokens * m.hidden * dtype_bytes
     sp = plan.sequence_parallel and t > 1
+    # Sequence-parallel norm weights (two per layer, the final norm on the last stage): summed over TP.
+    sp_norms = (st.layers * 2 + (1 if st.has_output else 0)) * m.hidden if sp else 0
     tp_calls = tp_buf = tp_wire = 0.0
     if t > 1:
         if sp:  # fwd: 2 AG + 2 RS; bwd: 2 RS + 2 AG + 2 AG again for the weight gradients
@@ -153,8 +158,8 @@ def runtime_bytes(plan: Plan, pp_rank: int = 0, dtype_bytes: int = 4, grad_bytes
             tp_buf += 3 * ce
             tp_wire += 3 * _ring(t, True) * ce
         tp_calls, tp_buf, tp_wire = tp_calls * mb, tp_buf * mb, tp_wire * mb
-        if sp and st.layers:  # once per step: TP sum of the layers' norm-weight gradients (pipeline.py)
-            norms = st.layers * 2 * m.hidden * grad_bytes
+        if sp and sp_norms:  # once per step: TP sum of the norm-weight gradients (pipeline.py)
+            norms = sp_norms * grad_bytes
             tp_calls, tp_buf, tp_wire = tp_calls + 1, tp_buf + norms, tp_wire + _ring(t, True) * norms
     msg = act / t if sp else act
     sends = (0 if st.has_output else 1) + (0 if st.has_embedding else 1)
@@ -165,7 +170,8 @@ def runtime_bytes(plan: Plan, pp_rank: int = 0, dtype_bytes: int = 4, grad_bytes
     elif plan.zero_stage == 0:  # one all-reduce of the gradients (bucketed)
         dp = AxisBytes(0, n * grad_bytes, _ring(d, True) * n * grad_bytes)
     else:  # reduce (or all-reduce) the gradients, then all-gather the updated weights
-        reduce = _ring(d, bucket_allreduce) * n * grad_bytes
+        whole = 0 if bucket_allreduce else sp_norms  # their TP sum needs them whole: all-reduced
+        reduce = _ring(d, bucket_allreduce) * (n - whole) * grad_bytes + _ring(d, True) * whole * grad_bytes
         dp = AxisBytes(0, n * grad_bytes + n * dtype_bytes, reduce + _ring(d, False) * n * dtype_bytes)
     cp = AxisBytes(0, 0.0, 0.0)
     if plan.cp > 1 and st.layers:

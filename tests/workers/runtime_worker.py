@@ -101,6 +101,9 @@ def run_layout(cfg, layout, recorder):
     overlap = [len(sync.buckets), job.engine.buckets_issued_in_backward] if sync else None
     overlaps = [None] * dist.get_world_size()
     dist.all_gather_object(overlaps, overlap)
+    numels = [None] * dist.get_world_size()  # (gradient elements, those reduced whole) per rank
+    dist.all_gather_object(numels, [sum(p.numel() for c in job.chunks for p in c.parameters()),
+                                    sum(p.numel() for p in job.engine.whole_grad_params)])
     layers = [None] * dist.get_world_size()
     dist.all_gather_object(layers, [len(c.decoder.layers) for c in job.chunks])
     state = job.full_state_dict()
@@ -108,7 +111,7 @@ def run_layout(cfg, layout, recorder):
     inner = getattr(inner, "optimizer", inner)  # ZeRO wraps the client torch optimizer
     opt_numel = sum(s["exp_avg"].numel() for s in inner.state.values() if "exp_avg" in s)
     job.close()
-    return {"grad_buckets_and_issued_in_backward": overlaps, "layers_per_rank": layers, "opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
+    return {"grad_buckets_and_issued_in_backward": overlaps, "grad_and_whole_numel": numels, "layers_per_rank": layers, "opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
 
 
 def main():

@@ -1,0 +1,89 @@
+"""Which DP rank steps which gradient element under DeepSpeed's ZeRO-1/2, and handing DeepSpeed
+its averaged partition.
+
+DeepSpeed flattens each optimizer parameter group in order (with its per-parameter alignment
+padding, ``round_robin_bit16_offsets``) and cuts the flat buffer into DP (x CP) equal partitions;
+rank r of the DP group steps partition r. ``partition_pieces`` maps every parameter to the runs of
+its elements each rank owns (``Piece``). ``grad_sync`` reduces each run to its owner only (a
+``dist.reduce`` per owner and bucket: the bytes of a reduce-scatter, half those of an all-reduce),
+and ``PartitionHandOff`` writes what this rank received into one flat fp32 partition per group
+and hands it to DeepSpeed's step (``averaged_gradients[i]``, whose ``flat_partition`` DeepSpeed's
+step takes as is), so DeepSpeed's own gradient bucketing and copies are skipped. DeepSpeed's norm,
+clipping, AdamW step and weight all-gather are unchanged.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True, eq=False)
+class Piece:
+    """A run of one parameter's (flattened) gradient that one DP rank steps."""
+    start: int   # first element in the parameter
+    length: int
+    owner: int   # rank in the DP (x CP) group
+    group: int   # DeepSpeed parameter group
+    offset: int  # first element in the owner's flat partition of that group
+
+
+def partition_pieces(opt) -> dict:
+    """{parameter: [Piece, ...]} for a DeepSpeed ZeRO-1/2 optimizer (``DeepSpeedZeroOptimizer``)."""
+    pieces = {}
+    for i, (params, offsets) in enumerate(zip(opt.round_robin_bit16_groups, opt.round_robin_bit16_offsets)):
+        size = int(opt.partition_size[i])
+        for p, first in zip(params, offsets):
+            runs, at, end = [], first, first + p.numel()
+            while at < end:
+                owner = at // size
+                stop = min(end, (owner + 1) * size)
+                runs.append(Piece(start=at - first, length=stop - at, owner=owner, group=i, offset=at - owner * size))
+                at = stop
+            pieces[p] = runs
+    return pieces
+
+
+class PartitionGradients(list):
+    """DeepSpeed's ``averaged_gradients[i]``: this rank's slice of each parameter in its partition
+    (``params_in_partition`` order, read by the norm), and ``flat_partition``, the whole partition
+    (read by the step)."""
+    flat_partition: torch.Tensor
+
+
+class PartitionHandOff:
+    """Builds this rank's flat averaged-gradient partitions and installs them in DeepSpeed."""
+
+    def __init__(self, opt, group):
+        self.opt = opt
+        ranks = dist.get_process_group_ranks(group)
+        for dp_group in opt.real_dp_process_group:
+            if dist.get_process_group_ranks(dp_group) != ranks:
+                raise RuntimeError("DeepSpeed's DP group differs from the gradient-reduction group")
+        self.rank = dist.get_rank(group)
+        self.pieces = partition_pieces(opt)
+        self._mine = {p: [pc for pc in runs if pc.owner == self.rank] for p, runs in self.pieces.items()}
+
+    def install(self, received, full_params) -> None:
+        """``received``: (Piece, averaged tensor) pairs this rank owns; ``full_params``: parameters
+        whose averaged gradient is whole in ``p.grad`` (reduced in full) — their owned runs are cut
+        from it."""
+        opt = self.opt
+        flats = [torch.zeros(int(size), dtype=torch.float32, device=opt.device) for size in opt.partition_size]
+        for piece, data in received:
+            flats[piece.group][piece.offset:piece.offset + piece.length].copy_(data)
+        for p in full_params:
+            if p.grad is None:
+                continue
+            g = p.grad.reshape(-1)
+            for pc in self._mine[p]:
+                flats[pc.group][pc.offset:pc.offset + pc.length].copy_(g[pc.start:pc.start + pc.length])
+        for i, params in enumerate(opt.params_in_partition):
+            grads = PartitionGradients()
+            for p in params:
+                for pc in self._mine[p]:
+                    if pc.group == i:
+                        grads.append(flats[i][pc.offset:pc.offset + pc.length])
+            grads.flat_partition = flats[i]
+            opt.averaged_gradients[i] = grads
