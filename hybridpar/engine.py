@@ -231,7 +231,10 @@ class StageEngine:
                 self.hand_off = PartitionHandOff(self.engine.optimizer, mesh.group("dp_cp"))
                 whole = {id(p) for p in self.whole_grad_params}
                 owners = {p: runs for p, runs in self.hand_off.pieces.items() if id(p) not in whole}
-            self.grad_sync = OverlappedGradReduction(self._params(), mesh.group("dp_cp"), grad_bucket_numel, owners)
+            # One bucket covering every partition becomes a reduce-scatter, unless some parameters
+            # are reduced whole: their zeros would then travel too.
+            sizes = self.hand_off.partition_sizes if self.hand_off and not self.whole_grad_params else None
+            self.grad_sync = OverlappedGradReduction(self._params(), mesh.group("dp_cp"), grad_bucket_numel, owners, sizes)
             for chunk in chunks:
                 chunk.config.no_sync_func = self.grad_sync.no_sync
             self._hand_dp_reduction_to_grad_sync()

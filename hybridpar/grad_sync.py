@@ -21,7 +21,8 @@ every rank gets every averaged gradient. With ``owners`` (ZeRO 1/2: which rank s
 elements, ``zero_partitions.partition_pieces``) each bucket is cut by owner and every owner's
 runs are reduced to that owner alone (one ``dist.reduce`` per owner the bucket touches: a
 reduce-scatter's bytes, half an all-reduce's, and no padding where DeepSpeed's partitions cut a
-bucket unevenly); afterwards the owner holds its averaged runs (``received``) and nobody holds
+bucket unevenly; a bucket that gives every rank the same share, as one bucket holding a whole
+stage does, is a single reduce-scatter); afterwards the owner holds its averaged runs (``received``) and nobody holds
 the full averaged gradient. Parameters left out of ``owners`` are all-reduced as before.
 DeepSpeed's own reduction of the same gradients is switched off by the engine (engine.py
 ``_hand_dp_reduction_to_grad_sync``).
@@ -29,6 +30,7 @@ DeepSpeed's own reduction of the same gradients is switched off by the engine (e
 from __future__ import annotations
 
 from contextlib import contextmanager
+from itertools import accumulate
 
 import torch
 import torch.distributed as dist
@@ -59,7 +61,8 @@ class OverlappedGradReduction:
     ``p.grad``. Parameters not in ``owners`` (or every one, without it) are all-reduced in full and
     get their averaged ``p.grad``."""
 
-    def __init__(self, params: list, group, bucket_numel: int = DEFAULT_BUCKET_NUMEL, owners: dict | None = None):
+    def __init__(self, params: list, group, bucket_numel: int = DEFAULT_BUCKET_NUMEL, owners: dict | None = None,
+                 partition_sizes: list[int] | None = None):
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
@@ -76,6 +79,15 @@ class OverlappedGradReduction:
                 for pc in self.owners.get(p, ()):
                     by_owner.setdefault(pc.owner, []).append((p, pc))
             self._runs.append(sorted(by_owner.items()))
+        # With ``partition_sizes`` (every partitioned parameter in ``owners``), a bucket holding
+        # every owned parameter (a whole stage in one bucket) covers every rank's partitions: laid
+        # out as [rank 0's partitions of each group, rank 1's, ...] (alignment padding as zeros) it
+        # is one reduce-scatter instead of one reduce per owner.
+        self.partition_sizes = list(partition_sizes or [])
+        self._group_start = [sum(self.partition_sizes[:g]) for g in range(len(self.partition_sizes))]
+        owned = set(map(id, self.owners))
+        self._scatter = [bool(owned) and bool(self.partition_sizes) and owned <= {id(p) for p in bucket}
+                         for bucket in self.buckets]
         self.enabled = True  # megatron's schedule turns it off for all but a chunk's last micro-batch
         self.received: list = []
         self._reset()
@@ -87,7 +99,7 @@ class OverlappedGradReduction:
         self._work: list = [[] for _ in self.buckets]
         self._flat: list = [None] * len(self.buckets)
         self._dtypes: list = [None] * len(self.buckets)
-        self._mine: list = [None] * len(self.buckets)  # (buffer, pieces) this rank owns, per bucket
+        self._mine: list = [None] * len(self.buckets)  # (buffer, [(Piece, start in buffer)]) this rank owns
         self._next = 0  # the next bucket to issue
         self._issued_in_backward = 0
 
@@ -123,12 +135,27 @@ class OverlappedGradReduction:
         if self._full[i]:
             self._flat[i] = torch.cat([grads[p].reshape(-1).float() for p in self._full[i]])
             self._work[i].append((dist.all_reduce(self._flat[i], group=self.group, async_op=True), self._flat[i]))
-        for owner, runs in self._runs[i]:
+        if self._scatter[i]:
+            total = sum(self.partition_sizes)
+            whole = torch.zeros(self.world * total, dtype=torch.float32, device=bucket[0].device)
+            mine = []
+            for owner, runs in self._runs[i]:
+                for p, pc in runs:
+                    at = self._group_start[pc.group] + pc.offset
+                    whole[owner * total + at:owner * total + at + pc.length].copy_(
+                        grads[p].reshape(-1)[pc.start:pc.start + pc.length])
+                    if owner == self.rank:
+                        mine.append((pc, at))
+            buffer = whole.new_empty(total)
+            self._work[i].append((dist.reduce_scatter_tensor(buffer, whole, group=self.group, async_op=True), whole))
+            self._mine[i] = (buffer, mine)
+        for owner, runs in ([] if self._scatter[i] else self._runs[i]):
             buffer = torch.cat([grads[p].reshape(-1)[pc.start:pc.start + pc.length].float() for p, pc in runs])
             # the buffer is kept alive with its work until finish(); only the owner's is read
             self._work[i].append((dist.reduce(buffer, dst=self.ranks[owner], group=self.group, async_op=True), buffer))
             if owner == self.rank:
-                self._mine[i] = (buffer, [pc for _, pc in runs])
+                starts = accumulate((pc.length for _, pc in runs), initial=0)
+                self._mine[i] = (buffer, [(pc, at) for (_, pc), at in zip(runs, starts)])
         for p in bucket:  # the reduced copies are the gradient now: no second copy lives on
             p.grad = None  # through the rest of the backward
         self._next = i + 1
@@ -154,10 +181,7 @@ class OverlappedGradReduction:
             if self._mine[i] is not None:
                 buffer, pieces = self._mine[i]
                 buffer.div_(self.world)
-                offset = 0
-                for pc in pieces:
-                    self.received.append((pc, buffer[offset:offset + pc.length]))
-                    offset += pc.length
+                self.received.extend((pc, buffer[at:at + pc.length]) for pc, at in pieces)
         issued_in_backward = self._issued_in_backward
         self._reset()
         return issued_in_backward

@@ -62,6 +62,7 @@ class PartitionHandOff:
             if dist.get_process_group_ranks(dp_group) != ranks:
                 raise RuntimeError("DeepSpeed's DP group differs from the gradient-reduction group")
         self.rank = dist.get_rank(group)
+        self.partition_sizes = [int(size) for size in opt.partition_size]
         self.pieces = partition_pieces(opt)
         self._mine = {p: [pc for pc in runs if pc.owner == self.rank] for p, runs in self.pieces.items()}
 

@@ -202,7 +202,8 @@ def test_traffic_stays_on_its_axis(runs, name):
 
 
 def _dp_gradient_numel(base, name) -> list[dict]:
-    """Per rank: elements sent into DP-group reduces and all-reduces (scalars excluded)."""
+    """Per rank: elements sent into DP-group reduces (or one reduce-scatter) and all-reduces
+    (scalars excluded)."""
     from topology.layout import RankLayout
 
     layout_cfg = next(l for l in LAYOUTS if l["name"] == name)
@@ -210,10 +211,16 @@ def _dp_gradient_numel(base, name) -> list[dict]:
     out = []
     for per_rank in _events(base, name):
         dp_group = layout.group_of(per_rank["rank"], "dp")
-        sums = {"reduce": 0, "all_reduce": 0}
+        sums = {"reduce": 0, "all_reduce": 0, "reduce_calls": 0, "reduce_scatter_calls": 0}
         for e in per_rank["events"]:
-            if e["group"] == dp_group and e["op"] in sums and e["numel"] > 8:
+            if e["group"] != dp_group or e["numel"] <= 8:
+                continue
+            if e["op"] in ("reduce", "all_reduce"):
                 sums[e["op"]] += e["numel"]
+                sums["reduce_calls"] += e["op"] == "reduce"
+            elif e["op"] == "reduce_scatter_tensor":  # a bucket covering every partition: fp32 input
+                sums["reduce"] += e["bytes"] // 4
+                sums["reduce_scatter_calls"] += 1
         out.append(sums)
     return out
 
@@ -221,14 +228,19 @@ def _dp_gradient_numel(base, name) -> list[dict]:
 @pytest.mark.parametrize("name", ["tp2_pp2_dp2_zero1", "pp4_dp2", "tp2_pp2_dp2_tied"])
 def test_zero_reduces_each_gradient_element_to_its_owner_only(runs, name):
     """ZeRO 1/2 with grad_sync: every gradient element goes into exactly one reduce, to the DP rank
-    that steps it (the bytes of a reduce-scatter), except the tied embedding's, which the
-    embedding-group sum needs whole (all-reduced)."""
+    that steps it (the bytes of a reduce-scatter; the first two layouts hold their stage in one
+    bucket, which is one reduce-scatter), except the tied embedding's, which the embedding-group
+    sum needs whole (all-reduced)."""
     base, _, par = runs
     for sums, (grad_numel, whole_numel) in zip(_dp_gradient_numel(base, name), par[name]["grad_and_whole_numel"]):
         assert sums["reduce"] == grad_numel - whole_numel, (name, sums, grad_numel, whole_numel)
         assert sums["all_reduce"] == whole_numel, (name, sums, whole_numel)
     if name.endswith("tied"):
         assert any(whole for _, whole in par[name]["grad_and_whole_numel"]), "no tied embedding on the end stages"
+    # One bucket per stage (the default 40M elements) is one reduce-scatter; small buckets, reduces.
+    one_bucket = not next(l for l in LAYOUTS if l["name"] == name).get("bucket")
+    for sums in _dp_gradient_numel(base, name):
+        assert (sums["reduce_scatter_calls"], sums["reduce_calls"] > 0) == ((1, False) if one_bucket else (0, True)), sums
 
 
 def test_deepspeed_reduction_all_reduces_in_full(runs):
