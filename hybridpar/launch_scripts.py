@@ -1,4 +1,8 @@
-"""Multi-node launch files: one torchrun command per node (c10d rendezvous) and a SLURM sbatch script.
+"""Multi-node launch files: one agent command per node (c10d rendezvous) and a SLURM sbatch script.
+
+The agent is torchrun run through ``python3 -m hybridpar.node_agent`` (node_agent.py): the same
+arguments and behaviour, plus one line instead of a traceback when the head node, which hosts
+the rendezvous store, is lost. ``$PYTHON`` overrides the interpreter.
 
 torchrun gives node k the global ranks [k * gpus_per_node, (k + 1) * gpus_per_node). With DP
 outermost each replica is a contiguous block of tp*cp*pp ranks, so when that block is a
@@ -11,6 +15,10 @@ import shlex
 from dataclasses import dataclass
 
 from topology.layout import NodeMap, RankLayout
+
+
+# torchrun with a one-line report of a lost head node; the interpreter that has hybridpar.
+AGENT = "${PYTHON:-python3} -m hybridpar.node_agent"
 
 
 @dataclass(frozen=True)
@@ -29,7 +37,7 @@ class LaunchSpec:
 
     def torchrun_command(self, rdzv_id: str | None = None, host: str | None = None) -> str:
         words = [
-            "torchrun",
+            AGENT,
             f"--nnodes={self.nodes}",
             f"--nproc-per-node={self.gpus_per_node}",
             "--rdzv-backend=c10d",
@@ -59,6 +67,8 @@ def node_commands(spec: LaunchSpec) -> str:
         f"# hybridpar: {spec.layout.world_size} ranks = tp {spec.layout.tp} x cp {spec.layout.cp} x "
         f"pp {spec.layout.pp} x dp {spec.layout.dp} on {spec.nodes} nodes of {spec.gpus_per_node} GPUs",
         "# Run the same command on every node (any order); set HEAD_NODE to one node's address.",
+        "# The agent is torchrun run by hybridpar.node_agent (set PYTHON for another interpreter): it",
+        "# stops this node's ranks with one line if the head node, which hosts the store, is lost.",
         "# c10d rendezvous numbers the nodes as they join: node k gets ranks "
         f"k*{spec.gpus_per_node} .. k*{spec.gpus_per_node}+{spec.gpus_per_node - 1}.",
         "export HEAD_NODE=${HEAD_NODE:?set HEAD_NODE to the address of the first node}",
@@ -92,7 +102,7 @@ def sbatch_script(spec: LaunchSpec, partition: str | None = None, time_limit: st
         'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export HEAD_NODE",
         *gpu_env_exports(),
-        "# One torchrun agent per node; each starts gpus-per-node ranks.",
+        "# One agent (torchrun, via hybridpar.node_agent) per node; each starts gpus-per-node ranks.",
         "srun --kill-on-bad-exit=1 " + spec.torchrun_command(rdzv_id="$SLURM_JOB_ID"),
     ]
     return "\n".join(header + [""] + body) + "\n"

@@ -28,7 +28,8 @@ def test_launch_writes_torchrun_and_sbatch(tmp_path):
         assert "-m hybridpar train --recipe recipes/tiny.yaml --steps 3" in text
     assert "#SBATCH --nodes=2" in sbatch and "--rdzv-id=$SLURM_JOB_ID" in sbatch
     for text in (torchrun, sbatch):  # megatron's async TP collectives need one queue per GPU
-        assert text.index("export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}") < text.index("torchrun")
+        assert text.index("export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}") < text.index(
+            "${PYTHON:-python3} -m hybridpar.node_agent --nnodes=2")  # torchrun, via hybridpar's node agent
     assert "node 0: DP replica(s) 0" in torchrun and "node 1: DP replica(s) 1" in torchrun
     assert not list(out.glob(".*tmp"))
 
