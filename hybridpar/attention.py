@@ -138,13 +138,8 @@ class _GatherAlongSequence(torch.autograd.Function):
 
         size, rank = dist.get_world_size(ctx.group), dist.get_rank(ctx.group)
         parts = [p.contiguous() for p in grad.chunk(size, dim=2)]
-        if dist.get_backend(ctx.group) == "nccl":
-            out = torch.empty_like(parts[rank])
-            dist.reduce_scatter(out, parts, group=ctx.group)
-        else:  # gloo has no reduce-scatter: sum everything, keep this rank's part
-            full = torch.cat(parts, dim=2)
-            dist.all_reduce(full, group=ctx.group)
-            out = full.chunk(size, dim=2)[rank].contiguous()
+        out = torch.empty_like(parts[rank])
+        dist.reduce_scatter(out, parts, group=ctx.group)  # NCCL, and gloo since torch 2.x
         return out, None
 
 

@@ -120,15 +120,14 @@ def cost_model_bytes(plan: Plan, sw: Software = HYBRIDPAR, dtype_bytes: int = 2,
 
 
 def runtime_bytes(plan: Plan, pp_rank: int = 0, dtype_bytes: int = 4, grad_bytes: int = 4,
-                  bucket_allreduce: bool = False, gloo: bool = True) -> dict[str, AxisBytes]:
+                  bucket_allreduce: bool = False) -> dict[str, AxisBytes]:
     """Per-rank bytes per step that hybridpar's runtime moves on pipeline rank ``pp_rank``
     (no interleaving, untied embeddings; scalars such as the logged loss and norms excluded).
 
     ``bucket_allreduce``: the ZeRO-1/2 reduction is DeepSpeed's (``overlap_grad_reduce`` off),
     whose default ``use_multi_rank_bucket_allreduce`` all-reduces each gradient bucket in full,
     each rank keeping its partition. False: hybridpar's grad_sync reduces every element to its
-    owner (sequence-parallel norm weights all-reduced whole). ``gloo``: the CP
-    backward sums dK/dV with an all-reduce (gloo has no reduce-scatter); False: NCCL's reduce-scatter."""
+    owner (sequence-parallel norm weights all-reduced whole)."""
     m, t, d, mb = plan.model, plan.tp, plan.zero_group, plan.grad_accum
     st = _stage(plan, pp_rank)
     tokens = plan.micro_batch * plan.seq_len // plan.cp
@@ -176,11 +175,11 @@ def runtime_bytes(plan: Plan, pp_rank: int = 0, dtype_bytes: int = 4, grad_bytes
     cp = AxisBytes(0, 0.0, 0.0)
     if plan.cp > 1 and st.layers:
         # hybridpar/attention.py: K and V each all-gathered (again when recomputed); backward sums
-        # dK and dV with a reduce-scatter (NCCL) or, gloo having none, an all-reduce of the whole.
+        # dK and dV with a reduce-scatter.
         kv = _kv_bytes(plan, dtype_bytes) * st.layers * mb
         gathers = _cp_gathers(plan)
         cp = AxisBytes(2 * (gathers + 1) * st.layers * mb, kv * (gathers + 1),
-                       _ring(plan.cp, False) * kv * gathers + _ring(plan.cp, gloo) * kv)
+                       _ring(plan.cp, False) * kv * (gathers + 1))
     return {"tp": AxisBytes(tp_calls, tp_buf, tp_wire), "cp": cp, "pp": pp, "dp": dp}
 
 
