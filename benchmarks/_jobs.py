@@ -58,15 +58,19 @@ def make_plan(layout: Layout, model: str = "tiny", seq_len: int = 32, global_bat
     return plan
 
 
-def make_job(plan: Plan, steps: int = 100, lr: float = 1e-3, seed: int = 0, overlap_grad_reduce: bool = True):
+def make_job(plan: Plan, steps: int = 100, lr: float = 1e-3, seed: int = 0, overlap_grad_reduce: bool = True,
+             overlap_param_gather: bool = True):
     """A hybridpar Job (requires torch.distributed up) on synthetic tokens.
 
     ``overlap_grad_reduce``: hybridpar's bucketed DP reduction during the last backward (ZeRO 1/2:
-    each element to the rank that steps it); False leaves it to DeepSpeed, after the backward."""
+    each element to the rank that steps it); False leaves it to DeepSpeed, after the backward.
+    ``overlap_param_gather``: ZeRO 1/2's weight gather behind the next forward (param_gather.py);
+    False: inside DeepSpeed's step."""
     from hybridpar.data import SyntheticTokens
     from hybridpar.engine import OptimConfig
     from hybridpar.train import Job
 
     optim = OptimConfig(lr=lr, min_lr=lr / 10, warmup_steps=0, total_steps=steps)
     source = SyntheticTokens(plan.seq_len, plan.global_batch, plan.model.vocab, seed=seed)
-    return Job(plan, optim, source, seed=seed, overlap_grad_reduce=overlap_grad_reduce)
+    return Job(plan, optim, source, seed=seed, overlap_grad_reduce=overlap_grad_reduce,
+               overlap_param_gather=overlap_param_gather)

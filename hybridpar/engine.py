@@ -20,6 +20,13 @@ own reduction is switched off (``_hand_dp_reduction_to_grad_sync``); its norm, c
 weight all-gather are unchanged. With the overlap off, DeepSpeed reduces in ``step()`` as
 described below (its ZeRO-1/2 bucketing, in which every bucket is all-reduced in full).
 
+Weight gather (``overlap_param_gather``, the default, ZeRO 1/2 with DP x CP > 1):
+``param_gather.DeferredParamGather`` skips DeepSpeed's all-gather of the updated weights inside
+its step and issues the same bytes after it, as per-bucket broadcasts from each partition's owner
+in forward order; forward pre-hooks wait for each bucket, so the next step's forward overlaps
+them. ``sync_weights()`` waits for all of them (``Job.chunks`` calls it for every reader outside
+the training step).
+
 Every DeepSpeed default that changes the math is set explicitly (gradient_clipping,
 predivide/prescale, communication dtype, loss scaling, bf16/fp16).
 
@@ -70,6 +77,7 @@ import torch
 import torch.distributed as dist
 
 from .grad_sync import DEFAULT_BUCKET_NUMEL, OverlappedGradReduction
+from .param_gather import DeferredParamGather
 from .zero_partitions import PartitionHandOff
 
 
@@ -191,7 +199,7 @@ class StageEngine:
 
     def __init__(self, chunks: list, mesh, cfg: OptimConfig, zero_stage: int, micro_batch: int, grad_accum: int, bf16: bool,
                  overlap_grad_reduce: bool = True, grad_bucket_numel: int = DEFAULT_BUCKET_NUMEL,
-                 whole_grad_params: list | None = None):
+                 whole_grad_params: list | None = None, overlap_param_gather: bool = True):
         import deepspeed
 
         from . import cpu
@@ -238,6 +246,10 @@ class StageEngine:
             for chunk in chunks:
                 chunk.config.no_sync_func = self.grad_sync.no_sync
             self._hand_dp_reduction_to_grad_sync()
+        self.param_gather = None
+        if overlap_param_gather and zero_stage > 0 and mesh.size("dp_cp") > 1:
+            self.param_gather = DeferredParamGather(self.engine.optimizer, chunks, self._params(), mesh.group("dp_cp"),
+                                                    grad_bucket_numel)
 
     def _params(self):
         return [p for c in self.chunks for p in c.parameters() if p.requires_grad]
@@ -346,6 +358,12 @@ class StageEngine:
         if self.grad_sync is not None:
             self.buckets_issued_in_backward = self.grad_sync.finish()
 
+    def sync_weights(self) -> None:
+        """Wait for the updated weights still in flight (``overlap_param_gather``): call before
+        reading or writing parameters outside the forward."""
+        if self.param_gather is not None:
+            self.param_gather.wait_all()
+
     def set_lr(self, lr: float) -> None:
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr
@@ -355,6 +373,7 @@ class StageEngine:
         ``finish_grad_reduction()`` averaged), clip, and apply AdamW. Returns the global grad norm."""
         if self.grad_sync is not None and self.grad_sync.pending:
             raise RuntimeError("finish_grad_reduction() must run before step(): DP reduction still in flight")
+        self.sync_weights()  # a gather the forward did not wait for (unused parameters) ends here
         self.set_lr(lr)
         if self.hand_off is not None:
             self.hand_off.install(self.grad_sync.received, self.whole_grad_params)
@@ -363,7 +382,12 @@ class StageEngine:
             self._hand_over_fp32_grads()
         elif self.zero_stage == 1:
             self.engine.optimizer.setup_buckets()  # what the removed hooks did
-        self.engine.step()
+        if self.param_gather is not None:
+            with self.param_gather.deferring():
+                self.engine.step()
+            self.param_gather.issue()  # the next forward waits for each bucket as it reaches it
+        else:
+            self.engine.step()
         # ZeRO-0: ClippedAdamW's norm (DeepSpeed's bf16 wrapper around it reports a norm of its own
         # that ignores hybridpar's clipping rules); ZeRO 1/2: DeepSpeed's.
         inner = getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)

@@ -5,7 +5,8 @@ name: tiny
 model: tiny            # a preset name (topology.models.PRESETS), a .json/.yaml path, or a mapping of ModelSpec keys
 parallel: {tp: 2, pp: 2, dp: 2, cp: 1, vpp: 1, zero: 1, micro_batch: 2, sequence_parallel: false, order: tp-cp-pp-dp,
            recompute: none,  # activation recomputation: none | selective (core attention) | full (whole layers)
-           overlap_grad_reduce: true}  # DP gradient reduction during the last backward (hybridpar.grad_sync)
+           overlap_grad_reduce: true,    # DP gradient reduction during the last backward (hybridpar.grad_sync)
+           overlap_param_gather: true}   # ZeRO 1/2 weight gather behind the next forward (hybridpar.param_gather)
 train: {global_batch: 16, seq_len: 32, steps: 5, lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 2,
         weight_decay: 0.1, grad_clip: 1.0, seed: 0, precision: auto}
 data: {source: synthetic}   # or {source: embedded, tokenizer: byte} / {source: indexed, path: PREFIX}
@@ -49,9 +50,12 @@ class ParallelSection:
     sequence_parallel: bool = False
     order: str = DEFAULT_ORDER
     recompute: str = "none"  # none | selective | full (hybridpar.model.transformer_config)
-    # DP gradient all-reduce issued bucket by bucket during the last backward (hybridpar.grad_sync);
+    # DP gradient reduction issued bucket by bucket during the last backward (hybridpar.grad_sync);
     # false: DeepSpeed reduces after the backward.
     overlap_grad_reduce: bool = True
+    # ZeRO 1/2: the updated weights gathered bucket by bucket behind the next forward
+    # (hybridpar.param_gather); false: DeepSpeed gathers them inside its step.
+    overlap_param_gather: bool = True
 
 
 @dataclass(frozen=True)

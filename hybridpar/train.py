@@ -54,7 +54,8 @@ class Job:
     """One layout's model, engine and data on this rank. Requires torch.distributed to be up."""
 
     def __init__(self, plan: Plan, optim: OptimConfig, source, seed: int = 0, tied: bool | None = None,
-                 overlap_grad_reduce: bool = True, grad_bucket_numel: int = DEFAULT_BUCKET_NUMEL):
+                 overlap_grad_reduce: bool = True, grad_bucket_numel: int = DEFAULT_BUCKET_NUMEL,
+                 overlap_param_gather: bool = True):
         self.plan, self.optim, self.source, self.seed = plan, optim, source, seed
         self.mesh = Mesh.build(plan.layout, vpp=plan.vpp)
         self.dtype = resolve_dtype(plan.precision)
@@ -64,15 +65,26 @@ class Job:
                             dtype=self.dtype, rope_base=plan.model.rope_theta, recompute=plan.recompute,
                             lighter_end_stages=plan.lighter_end_stages)
         torch.manual_seed(seed)
-        self.chunks = build_model(plan.model, self.mesh, opts, seed=seed)
+        self.engine = None
+        self._chunks = build_model(plan.model, self.mesh, opts, seed=seed)
         self.engine = StageEngine(
-            self.chunks, self.mesh, optim, plan.zero_stage, plan.micro_batch, plan.grad_accum,
+            self._chunks, self.mesh, optim, plan.zero_stage, plan.micro_batch, plan.grad_accum,
             bf16=self.dtype == torch.bfloat16, overlap_grad_reduce=overlap_grad_reduce,
             grad_bucket_numel=grad_bucket_numel, whole_grad_params=self._model_parallel_summed(),
+            overlap_param_gather=overlap_param_gather,
         )
 
+    @property
+    def chunks(self) -> list:
+        """This rank's model chunks, their weights up to date: with ``overlap_param_gather`` the
+        last step's gather may still be in flight, and every reader outside the training step
+        (checkpoints, state dicts, replica checks, tests) comes through here."""
+        if self.engine is not None:
+            self.engine.sync_weights()
+        return self._chunks
+
     def _model_parallel_summed(self) -> list:
-        sp, weight = model_parallel_summed_params(self.chunks, self.mesh, self.tied, self.sequence_parallel)
+        sp, weight = model_parallel_summed_params(self._chunks, self.mesh, self.tied, self.sequence_parallel)
         return sp + ([weight] if weight is not None else [])
 
     # --- one step ---------------------------------------------------------------------
@@ -85,9 +97,9 @@ class Job:
     def train_step(self, step: int) -> StepMetrics:
         start = time.perf_counter()
         lr = lr_at(step, self.optim, self.plan.global_batch)
-        loss = forward_backward(self.chunks, self.mesh, self.replica_batches(step), self.plan.seq_len)
+        loss = forward_backward(self._chunks, self.mesh, self.replica_batches(step), self.plan.seq_len)
         self.engine.finish_grad_reduction()
-        finalize_model_parallel_grads(self.chunks, self.mesh, self.tied, self.sequence_parallel)
+        finalize_model_parallel_grads(self._chunks, self.mesh, self.tied, self.sequence_parallel)
         norm = self.engine.step(lr)
         self.engine.zero_grad()
         mean_loss = self._global_loss(loss)
@@ -129,7 +141,9 @@ class Job:
 
     def close(self) -> None:
         self.engine = None
-        self.chunks = None
+        if self.engine is not None:
+            self.engine.sync_weights()
+        self._chunks = None
         self.mesh.destroy()
 
 
@@ -165,7 +179,8 @@ def train(recipe, out_dir: str | None, hooks=(), print_fn=print) -> list[StepMet
     plan = recipe.to_plan()
     source = recipe.data.build(seq_len=plan.seq_len, global_batch=plan.global_batch, vocab=plan.model.vocab, seed=recipe.train.seed)
     job = Job(plan, recipe.optim_config(), source, seed=recipe.train.seed,
-              overlap_grad_reduce=recipe.parallel.overlap_grad_reduce)
+              overlap_grad_reduce=recipe.parallel.overlap_grad_reduce,
+              overlap_param_gather=recipe.parallel.overlap_param_gather)
     rank0 = dist.get_rank() == 0
     first = 1
     for hook in hooks:

@@ -249,3 +249,16 @@ def test_deepspeed_reduction_all_reduces_in_full(runs):
     name = "tp2_pp2_dp2_zero1_after_backward"
     for sums, (grad_numel, _) in zip(_dp_gradient_numel(base, name), par[name]["grad_and_whole_numel"]):
         assert sums["reduce"] == 0 and sums["all_reduce"] >= grad_numel, (sums, grad_numel)
+
+
+@pytest.mark.parametrize("layout", [l for l in LAYOUTS if l.get("zero", 1) > 0 and l.get("dp", 1) * l.get("cp", 1) > 1],
+                         ids=lambda l: l["name"])
+def test_zero_weights_are_gathered_behind_the_next_forward(runs, layout):
+    """ZeRO 1/2 with DP > 1 (hybridpar/param_gather.py): when train_step returns, the updated weights
+    are still in flight on every rank after every step (the next forward waits for them bucket by
+    bucket) and yet every layout trains like one process (test_layout_trains_like_one_process).
+    With the overlaps off, DeepSpeed gathers them inside its step."""
+    _, _, par = runs
+    per_rank = par[layout["name"]]["weights_in_flight_after_step"]
+    expected = layout.get("overlap", True)
+    assert all(flags == [expected] * STEPS for flags in per_rank), per_rank

@@ -285,8 +285,12 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
             return t
         return max(t - bwd_mb, t * min(1.0, GRAD_BUCKET_NUMEL / n_params))
 
-    def gathered(t: float) -> float:  # behind the next step's first forward
-        return max(0.0, t - fwd_mb) if sw.overlap_param_gather else t
+    def gathered(t: float) -> float:
+        """Issued bucket by bucket after the step and hidden behind the next step's first forward,
+        except the first bucket (the first layers), which that forward needs before it starts."""
+        if not sw.overlap_param_gather:
+            return t
+        return max(t - fwd_mb, t * min(1.0, GRAD_BUCKET_NUMEL / n_params))
 
     if plan.zero_stage == 3:  # gather for fwd and for bwd, reduce-scatter, every micro-batch
         per_mb = 2 * gather + grad

@@ -104,6 +104,11 @@ def _base_plan(req: Request, **kw) -> Plan:
 def search(req: Request, top: int = 5) -> SearchResult:
     gpu = get_gpu(req.gpu)
     m, n, sw = req.model, req.gpus, req.software
+    zero = req.pins.get("zero_stage")
+    if zero is not None and zero not in sw.zero_stages:
+        raise PlanError(f"ZeRO-{zero} is not part of hybridpar's runtime (it runs ZeRO "
+                        f"{', '.join(map(str, sw.zero_stages))}): pin one of those, or plan for megatron-core "
+                        f"with --software megatron-core")
     if all(a in req.pins for a in AXES):
         plan = _base_plan(req, **{a: req.pins[a] for a in AXES}, sequence_parallel=req.pins["tp"] > 1)
         plan = _with_split(plan)
@@ -169,7 +174,7 @@ def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, r
 
     per_replica = req.global_batch // dp
     mbs = _choices(req, "micro_batch", [b for b in _divisors(per_replica) if b <= MAX_MICRO_BATCH])
-    zeros = _choices(req, "zero_stage", [0] if dp == 1 else [1, 2, 3])
+    zeros = [z for z in _choices(req, "zero_stage", [0] if dp == 1 else [1, 2, 3]) if z in req.software.zero_stages]
     recomputes = _choices(req, "recompute", list(RECOMPUTE_MODES))
     best_miss = None
     found = False

@@ -22,8 +22,9 @@ class Software:
     # and hidden behind it up to that backward's length (megatron-core overlap_grad_reduce;
     # hybridpar/grad_sync.py). False: it runs after the backward, exposed.
     overlap_grad_reduce: bool = True
-    # ZeRO's all-gather of the updated 16-bit weights overlaps the next step's first forward
-    # (megatron-core overlap_param_gather). False: it runs inside the optimizer step, exposed.
+    # ZeRO's all-gather of the updated 16-bit weights overlaps the next step's first forward, all
+    # but its first bucket (megatron-core overlap_param_gather; hybridpar/param_gather.py). False:
+    # it runs inside the optimizer step, exposed.
     overlap_param_gather: bool = True
     # Pipeline sends/receives overlap compute in the interleaved schedule (overlap_p2p_comm).
     overlap_p2p: bool = True
@@ -71,6 +72,8 @@ class Software:
     # boundary, after the last backward (not overlapped). False: classic ZeRO-2 (DeepSpeed's
     # hooks, FSDP SHARD_GRAD_OP): sharded gradients, reduce-scattered every micro-batch.
     zero2_reduce_once: bool = False
+    # ZeRO stages the software runs (hybridpar's runtime refuses ZeRO-3: hybridpar/recipe.py).
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     # Forward TP collectives are never overlapped: megatron-core runs them synchronously unless
     # Transformer Engine's userbuffers are set up, which hybridpar does not do.
 
@@ -79,10 +82,11 @@ class Software:
 # gradients are reduced in buckets issued from the last backward (grad_sync.py, megatron's
 # no_sync_func marks it): all-reduced at ZeRO-0; at ZeRO-1/2 each element is reduced to the DP
 # rank whose DeepSpeed partition holds it (zero_partitions.py: a reduce-scatter's bytes), which
-# hands DeepSpeed its partition; DeepSpeed steps and all-gathers the updated weights before
-# engine.step() returns (not overlapped). Gradients accumulate in fp32 (bf16 runs:
-# Tensor.grad_dtype, engine.py) and are reduced in fp32.
-HYBRIDPAR = Software(overlap_param_gather=False, zero2_reduce_once=True, fp32_grads=True)
+# hands DeepSpeed its partition; DeepSpeed steps, and its all-gather of the updated weights is
+# replaced by per-bucket broadcasts from the owners that the next forward waits for bucket by
+# bucket (param_gather.py). Gradients accumulate in fp32 (bf16 runs: Tensor.grad_dtype,
+# engine.py) and are reduced in fp32.
+HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1, 2))
 # megatron-core / NeMo (and Llama 3's stack): the same layers, megatron-core's distributed
 # optimizer (a reduce-scatter of the gradients, overlapped with the last backward; the weight
 # all-gather with the next forward) and classic ZeRO-2. bf16 gradients accumulate and are reduced
@@ -90,7 +94,7 @@ HYBRIDPAR = Software(overlap_param_gather=False, zero2_reduce_once=True, fp32_gr
 # requires gradient accumulation and all-reduce to be done in fp32") unless --grad-reduce-in-bf16,
 # and NeMo 2's bf16_mixed() precision plugin sets grad_reduce_in_fp32=True; megatron-core's
 # DistributedDataParallelConfig then keeps an fp32 main-grad buffer.
-MEGATRON_CORE = replace(HYBRIDPAR, overlap_param_gather=True, zero2_reduce_once=False)
+MEGATRON_CORE = replace(HYBRIDPAR, zero2_reduce_once=False, zero_stages=(0, 1, 2, 3))
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
 # DP all-reduce after the pipeline flush, blocking pipeline sends.

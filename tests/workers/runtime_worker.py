@@ -59,7 +59,7 @@ def make_job(cfg: dict, layout: dict) -> Job:
     source = SyntheticTokens(SEQ, GLOBAL_BATCH, MODEL.vocab, seed=0)
     if layout.get("fixed_batch"):  # the same batch every step: the model must memorise it
         source = FixedBatch(source.global_batch(1))
-    overlap = dict(overlap_grad_reduce=layout.get("overlap", True))
+    overlap = dict(overlap_grad_reduce=layout.get("overlap", True), overlap_param_gather=layout.get("overlap", True))
     if layout.get("bucket"):  # small buckets: many reductions issued while the backward runs
         overlap["grad_bucket_numel"] = layout["bucket"]
     return Job(plan, optim, source, seed=0, **overlap)
@@ -76,13 +76,15 @@ class FixedBatch:
 def run_layout(cfg, layout, recorder):
     job = make_job(cfg, layout)
     mesh = job.mesh
-    losses, norms, lrs, identical, times = [], [], [], [], []
+    losses, norms, lrs, identical, times, in_flight = [], [], [], [], [], []
     for step in range(1, cfg["steps"] + 1):
         record = layout["name"] in cfg.get("record", []) and step == 2
         recorder.events.clear()
         recorder.active = record
         m = job.train_step(step)
         recorder.active = False
+        gather = job.engine.param_gather  # read before job.chunks, which waits for the gather
+        in_flight.append(bool(gather is not None and gather.pending))
         if record:
             gathered = [None] * dist.get_world_size()
             dist.all_gather_object(gathered, {"rank": dist.get_rank(), "events": list(recorder.events), "groups": mesh.members})
@@ -111,7 +113,9 @@ def run_layout(cfg, layout, recorder):
     inner = getattr(inner, "optimizer", inner)  # ZeRO wraps the client torch optimizer
     opt_numel = sum(s["exp_avg"].numel() for s in inner.state.values() if "exp_avg" in s)
     job.close()
-    return {"grad_buckets_and_issued_in_backward": overlaps, "grad_and_whole_numel": numels, "layers_per_rank": layers, "opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
+    gathers = [None] * dist.get_world_size()  # per rank: weights still in flight after each step
+    dist.all_gather_object(gathers, in_flight)
+    return {"weights_in_flight_after_step": gathers, "grad_buckets_and_issued_in_backward": overlaps, "grad_and_whole_numel": numels, "layers_per_rank": layers, "opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
 
 
 def main():
