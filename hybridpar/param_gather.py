@@ -6,7 +6,8 @@ exposed. With ``DeferredParamGather`` (megatron-core's ``overlap_param_gather``)
 gather is skipped during hybridpar's step, and the same bytes move afterwards, bucket by bucket
 in forward order: a bucket's parameters fill one contiguous range of each group's flat buffer,
 and the part of that range rank r stepped (its DeepSpeed partition) is broadcast from r, in
-place. Nothing waits there; a forward pre-hook on every module that holds parameters waits for
+place (a bucket that holds a whole group, as one bucket per stage does, is one in-place
+all-gather of that group, DeepSpeed's own call). Nothing waits there; a forward pre-hook on every module that holds parameters waits for
 that module's buckets, so the next forward runs its first layers while the later layers'
 weights still travel.
 
@@ -64,8 +65,9 @@ class DeferredParamGather:
                 if own:
                     module.register_forward_pre_hook(self._pre_hook(sorted(own)))
 
-    def _bucket_sends(self, bucket: list, where: dict) -> list[tuple[int, int, int, int]]:
-        """(group, start, stop, owner) ranges of the flat buffers to broadcast for one bucket."""
+    def _bucket_sends(self, bucket: list, where: dict) -> list[tuple[int, int, int, int | None]]:
+        """(group, start, stop, owner) ranges of the flat buffers to broadcast for one bucket;
+        owner None: the bucket holds the whole group, gathered by one all-gather as DeepSpeed does."""
         spans: dict = {}  # group -> (first index, last index, start, stop)
         for p in bucket:
             i, k, offset = where[p]
@@ -77,6 +79,9 @@ class DeferredParamGather:
             if last - first + 1 != members:  # DeepSpeed's group order is not the parameters' order
                 raise RuntimeError("a gradient bucket's parameters are not contiguous in DeepSpeed's flat buffer")
             size = int(self.opt.partition_size[i])
+            if members == len(self.opt.round_robin_bit16_groups[i]):
+                sends.append((i, 0, self.opt.bit16_groups_flat[i].numel(), None))
+                continue
             owner = start // size
             while owner * size < stop:
                 sends.append((i, max(start, owner * size), min(stop, (owner + 1) * size), owner))
@@ -99,10 +104,18 @@ class DeferredParamGather:
 
     def issue(self) -> None:
         """After DeepSpeed's step: every owner's updated range, broadcast in place, in forward order."""
-        flats = self.opt.bit16_groups_flat
+        flats, me = self.opt.bit16_groups_flat, dist.get_rank(self.group)
         for b, sends in enumerate(self._sends):
-            self._work[b] = [dist.broadcast(flats[i][start:stop], src=self.ranks[owner], group=self.group, async_op=True)
-                             for i, start, stop, owner in sends]
+            works = []
+            for i, start, stop, owner in sends:
+                if owner is None:  # in place: this rank's partition is a view of the output
+                    size = int(self.opt.partition_size[i])
+                    mine = flats[i][me * size:(me + 1) * size]
+                    works.append(dist.all_gather_into_tensor(flats[i], mine, group=self.group, async_op=True))
+                else:
+                    works.append(dist.broadcast(flats[i][start:stop], src=self.ranks[owner], group=self.group,
+                                                async_op=True))
+            self._work[b] = works
 
     def wait(self, buckets) -> None:
         for b in buckets:

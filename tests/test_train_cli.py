@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes" / "tiny.yaml"
@@ -31,15 +33,24 @@ def test_flags_override_and_dp_is_derived():
     assert (recipe.parallel.tp, recipe.parallel.pp, recipe.parallel.dp, recipe.train.steps) == (1, 2, 4, 3)
 
 
-def test_overlap_grad_reduce_is_a_recipe_switch(tmp_path):
-    """On by default (hybridpar.grad_sync); ``parallel.overlap_grad_reduce: false`` leaves the DP
-    reduction to DeepSpeed after the backward (tests/test_runtime.py trains both ways)."""
+def test_overlaps_are_recipe_switches(tmp_path):
+    """On by default (hybridpar.grad_sync, hybridpar.param_gather); ``parallel.overlap_grad_reduce:
+    false`` leaves the DP reduction to DeepSpeed after the backward and ``overlap_param_gather:
+    false`` the weight gather inside its step (tests/test_runtime.py trains both ways); a
+    non-boolean is a one-line recipe error."""
+    from hybridpar.errors import USER_ERRORS
     from hybridpar.recipe import load_recipe
 
-    assert load_recipe(str(TINY)).parallel.overlap_grad_reduce is True
-    off = _write(tmp_path, "off.yaml", "model: tiny\nparallel: {overlap_grad_reduce: false}\n"
+    on = load_recipe(str(TINY)).parallel
+    assert on.overlap_grad_reduce is True and on.overlap_param_gather is True
+    off = _write(tmp_path, "off.yaml", "model: tiny\nparallel: {overlap_grad_reduce: false, overlap_param_gather: false}\n"
                                        "train: {global_batch: 8, seq_len: 8}\n")
-    assert load_recipe(off).parallel.overlap_grad_reduce is False
+    parallel = load_recipe(off).parallel
+    assert parallel.overlap_grad_reduce is False and parallel.overlap_param_gather is False
+    bad = _write(tmp_path, "bad.yaml", "model: tiny\nparallel: {overlap_param_gather: 3}\n"
+                                       "train: {global_batch: 8, seq_len: 8}\n")
+    with pytest.raises(USER_ERRORS, match="overlap_param_gather"):
+        load_recipe(bad)
 
 
 def test_lr_schedule_warmup_cosine_and_linear_scaling():
