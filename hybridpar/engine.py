@@ -22,8 +22,8 @@ described below (its ZeRO-1/2 bucketing, in which every bucket is all-reduced in
 
 Weight gather (``overlap_param_gather``, the default, ZeRO 1/2 with DP x CP > 1):
 ``param_gather.DeferredParamGather`` skips DeepSpeed's all-gather of the updated weights inside
-its step and issues the same bytes after it, as per-bucket broadcasts from each partition's owner
-in forward order; forward pre-hooks wait for each bucket, so the next step's forward overlaps
+its step and issues the same bytes after it, in forward order: per bucket, broadcasts from each
+partition's owner (one in-place all-gather where a bucket holds a whole group); forward pre-hooks wait for each bucket, so the next step's forward overlaps
 them. ``sync_weights()`` waits for all of them (``Job.chunks`` calls it for every reader outside
 the training step).
 

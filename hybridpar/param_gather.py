@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import torch.distributed as dist
 
 from .grad_sync import bucket_params
+from .zero_partitions import flat_positions
 
 # Flat-buffer lists (DeepSpeed's ``bit16_groups_flat``) whose gather is being deferred right now.
 _DEFERRING: set[int] = set()
@@ -51,10 +52,7 @@ class DeferredParamGather:
         _install_deferral()
         self.opt, self.group = opt, group
         self.ranks = dist.get_process_group_ranks(group)
-        where = {}  # parameter -> (DeepSpeed group, index in it, offset in its flat buffer)
-        for i, (group_params, offsets) in enumerate(zip(opt.round_robin_bit16_groups, opt.round_robin_bit16_offsets)):
-            for k, (p, offset) in enumerate(zip(group_params, offsets)):
-                where[p] = (i, k, offset)
+        where = flat_positions(opt)
         self.buckets = bucket_params(list(params), bucket_numel)  # registration order: forward order
         self._sends = [self._bucket_sends(bucket, where) for bucket in self.buckets]
         self._bucket_of = {p: b for b, bucket in enumerate(self.buckets) for p in bucket}
@@ -77,7 +75,7 @@ class DeferredParamGather:
         for i, (first, last, start, stop) in sorted(spans.items()):
             members = sum(1 for p in bucket if where[p][0] == i)
             if last - first + 1 != members:  # DeepSpeed's group order is not the parameters' order
-                raise RuntimeError("a gradient bucket's parameters are not contiguous in DeepSpeed's flat buffer")
+                raise RuntimeError("a bucket's parameters are not contiguous in DeepSpeed's flat buffer")
             size = int(self.opt.partition_size[i])
             if members == len(self.opt.round_robin_bit16_groups[i]):
                 sends.append((i, 0, self.opt.bit16_groups_flat[i].numel(), None))
@@ -128,6 +126,5 @@ class DeferredParamGather:
 
     def _pre_hook(self, buckets: list[int]):
         def hook(module, args):
-            if self.pending:
-                self.wait(buckets)
+            self.wait(buckets)  # only this module's buckets: nothing to do once they arrived
         return hook

@@ -140,9 +140,9 @@ class Job:
         return merged
 
     def close(self) -> None:
-        self.engine = None
         if self.engine is not None:
-            self.engine.sync_weights()
+            self.engine.sync_weights()  # no gather left in flight when the groups go
+        self.engine = None
         self._chunks = None
         self.mesh.destroy()
 

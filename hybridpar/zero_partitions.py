@@ -29,19 +29,26 @@ class Piece:
     offset: int  # first element in the owner's flat partition of that group
 
 
+def flat_positions(opt) -> dict:
+    """{parameter: (group, index in the group, first element in the group's flat buffer)} for a
+    DeepSpeed ZeRO-1/2 optimizer (``DeepSpeedZeroOptimizer``)."""
+    return {p: (i, k, offset)
+            for i, (params, offsets) in enumerate(zip(opt.round_robin_bit16_groups, opt.round_robin_bit16_offsets))
+            for k, (p, offset) in enumerate(zip(params, offsets))}
+
+
 def partition_pieces(opt) -> dict:
-    """{parameter: [Piece, ...]} for a DeepSpeed ZeRO-1/2 optimizer (``DeepSpeedZeroOptimizer``)."""
+    """{parameter: [Piece, ...]} for a DeepSpeed ZeRO-1/2 optimizer."""
     pieces = {}
-    for i, (params, offsets) in enumerate(zip(opt.round_robin_bit16_groups, opt.round_robin_bit16_offsets)):
+    for p, (i, _, first) in flat_positions(opt).items():
         size = int(opt.partition_size[i])
-        for p, first in zip(params, offsets):
-            runs, at, end = [], first, first + p.numel()
-            while at < end:
-                owner = at // size
-                stop = min(end, (owner + 1) * size)
-                runs.append(Piece(start=at - first, length=stop - at, owner=owner, group=i, offset=at - owner * size))
-                at = stop
-            pieces[p] = runs
+        runs, at, end = [], first, first + p.numel()
+        while at < end:
+            owner = at // size
+            stop = min(end, (owner + 1) * size)
+            runs.append(Piece(start=at - first, length=stop - at, owner=owner, group=i, offset=at - owner * size))
+            at = stop
+        pieces[p] = runs
     return pieces
 
 

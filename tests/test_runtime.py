@@ -161,6 +161,14 @@ def test_zero_partitions_optimizer_state_over_dp(runs):
     assert full_3d / 2 <= part_3d <= full_3d / 2 + 64, (part_3d, full_3d)
 
 
+def _rank_layout(name):
+    """The rank layout of a recorded layout (these have no CP)."""
+    from topology.layout import RankLayout
+
+    cfg = next(l for l in LAYOUTS if l["name"] == name)
+    return RankLayout(tp=cfg.get("tp", 1), pp=cfg.get("pp", 1), dp=cfg.get("dp", 1))
+
+
 def _events(base, name):
     return json.loads((base / "par" / f"{name}.events.json").read_text())
 
@@ -169,11 +177,8 @@ def _events(base, name):
 def test_traffic_stays_on_its_axis(runs, name):
     """Every collective and p2p of one training step, with its group: DP gradient traffic only
     on dp groups, TP only on tp groups, PP only between neighbouring stages of one replica."""
-    from topology.layout import RankLayout
-
     base, _, _ = runs
-    layout_cfg = next(l for l in LAYOUTS if l["name"] == name)
-    layout = RankLayout(tp=layout_cfg.get("tp", 1), pp=layout_cfg.get("pp", 1), dp=layout_cfg.get("dp", 1))
+    layout = _rank_layout(name)
     world = list(range(layout.world_size))
     dp_bytes = tp_events = p2p_events = 0
     for per_rank in _events(base, name):
@@ -204,10 +209,7 @@ def test_traffic_stays_on_its_axis(runs, name):
 def _dp_gradient_numel(base, name) -> list[dict]:
     """Per rank: elements sent into DP-group reduces (or one reduce-scatter) and all-reduces
     (scalars excluded)."""
-    from topology.layout import RankLayout
-
-    layout_cfg = next(l for l in LAYOUTS if l["name"] == name)
-    layout = RankLayout(tp=layout_cfg.get("tp", 1), pp=layout_cfg.get("pp", 1), dp=layout_cfg.get("dp", 1))
+    layout = _rank_layout(name)
     out = []
     for per_rank in _events(base, name):
         dp_group = layout.group_of(per_rank["rank"], "dp")

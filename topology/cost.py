@@ -278,19 +278,17 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
     grad = link_time(ring * n_params * (4 if sw.fp32_grads else 2), bw)  # reduce-scatter
     gather = link_time(ring * n_params * 2, bw)  # all-gather of 16-bit weights
 
-    def reduced(t: float) -> float:
-        """Issued bucket by bucket from the last backward: hidden up to that backward's length,
-        except the last bucket (the first layers), which is complete only when the backward ends."""
-        if not sw.overlap_grad_reduce:
-            return t
-        return max(t - bwd_mb, t * min(1.0, GRAD_BUCKET_NUMEL / n_params))
+    def overlapped(t: float, behind: float, on: bool) -> float:
+        """Bucket by bucket behind ``behind`` seconds of compute, except one bucket (the first
+        layers'), which that compute cannot hide: the reduction's last bucket is complete only
+        when the backward ends, the gather's first is needed before the forward starts."""
+        return max(t - behind, t * min(1.0, GRAD_BUCKET_NUMEL / n_params)) if on else t
 
-    def gathered(t: float) -> float:
-        """Issued bucket by bucket after the step and hidden behind the next step's first forward,
-        except the first bucket (the first layers), which that forward needs before it starts."""
-        if not sw.overlap_param_gather:
-            return t
-        return max(t - fwd_mb, t * min(1.0, GRAD_BUCKET_NUMEL / n_params))
+    def reduced(t: float) -> float:  # issued from the last micro-batch's backward
+        return overlapped(t, bwd_mb, sw.overlap_grad_reduce)
+
+    def gathered(t: float) -> float:  # issued after the step, behind the next step's first forward
+        return overlapped(t, fwd_mb, sw.overlap_param_gather)
 
     if plan.zero_stage == 3:  # gather for fwd and for bwd, reduce-scatter, every micro-batch
         per_mb = 2 * gather + grad
