@@ -8,9 +8,6 @@ from topology.cases import CASES_PATH, load_cases, predict_case
 CASES = load_cases() if CASES_PATH.is_file() else []
 
 KNOWN_MISSES = {
-    "llama3-405b-t4-1": "predicted low: by the tensor-by-tensor activation count (12h + 4kv + 6F bytes per "
-                        "token per layer) no interleaved schedule fits at DP=64 (141 layer-micro-batches in "
-                        "flight on rank 1 at VPP=8), so 1F1B's 15/32 bubble dominates; Meta ran interleaved",
     "llama3-405b-t4-3": "predicted high: at 128K, 57% of Megatron-convention FLOPs are attention; no term "
                         "found for the gap (CP K/V all-gather is 4% of the step under GQA)",
     "narayanan21-t1-76.1B": "predicted high by 19%: no physical term found for the gap",

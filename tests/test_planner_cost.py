@@ -92,3 +92,75 @@ def test_overlapped_dp_reduction_exposes_its_last_bucket():
     during = step_cost(plan, HYBRIDPAR).dp_s
     n = max(params_per_rank(plan, s) for s in stages(plan))
     assert after > 0 and during == pytest.approx(after * GRAD_BUCKET_NUMEL / n, rel=1e-9)
+
+
+def _megatron_order(p: int, rank: int, m: int, v: int) -> list[tuple[str, int, int]]:
+    """(kind, model chunk, micro-batch) in the order megatron-core's schedules run them on rank:
+    warm-up forwards, 1F1B pairs, cool-down backwards; interleaved: groups of p micro-batches per
+    chunk, backwards from the last chunk."""
+    total = m * v
+    if v == 1:
+        warmup = min(p - rank - 1, m)
+    else:
+        warmup = min(2 * (p - rank - 1) + (v - 1) * p, total)
+    fwd = lambda k: ("F", (k // p) % v, (k // (p * v)) * p + k % p)
+    bwd = lambda k: ("B", v - 1 - (k // p) % v, (k // (p * v)) * p + k % p)
+    ops = [fwd(k) for k in range(warmup)]
+    for k in range(warmup, total):
+        ops += [fwd(k), bwd(k - warmup)]
+    return ops + [bwd(k) for k in range(total - warmup, total)]
+
+
+def _simulate(p: int, m: int, v: int, f: float, b: float) -> tuple[float, float]:
+    """Ideal timeline (no communication time): returns (step, first pipeline rank's first
+    backward start)."""
+    orders = [_megatron_order(p, r, m, v) for r in range(p)]
+    done, clock, nxt = {}, [0.0] * p, [0] * p
+    moved = True
+    while moved:
+        moved = False
+        for r in range(p):
+            while nxt[r] < len(orders[r]):
+                kind, c, i = orders[r][nxt[r]]
+                if kind == "F":
+                    dep = ("F", r - 1, c, i) if r else (("F", p - 1, c - 1, i) if c else None)
+                else:
+                    dep = ("B", r + 1, c, i) if r < p - 1 else (("B", 0, c + 1, i) if c < v - 1 else ("F", r, c, i))
+                if dep is not None and dep not in done:
+                    break
+                start = max(clock[r], done[dep] if dep else 0.0)
+                clock[r] = start + (f if kind == "F" else b) / v
+                done[(kind, r, c, i)] = clock[r]
+                nxt[r] += 1
+                moved = True
+    assert all(nxt[r] == len(orders[r]) for r in range(p)), "schedule deadlocked"
+    first_bwd = min(t for (kind, r, _, _), t in done.items() if kind == "B" and r == 0) - b / v
+    return max(clock), first_bwd
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 1), (16, 32, 1), (16, 16, 1), (4, 8, 2), (16, 32, 2),
+                                   (16, 32, 8), (16, 16, 8), (8, 24, 3)])
+def test_reduction_window_matches_a_simulated_schedule(p, m, v):
+    from topology.cost import after_first_backward
+    f, b = 1.0, 2.1
+    step, first_bwd = _simulate(p, m, v, f, b)
+    assert step == pytest.approx(m * (f + b) + (p - 1) / v * (f + b))
+    assert step - first_bwd == pytest.approx(after_first_backward(m, f + b, f, p, v))
+
+
+def test_classic_zero2_reduce_scatters_hide_behind_later_micro_batches():
+    from dataclasses import replace
+
+    from topology.software import MEGATRON_CORE
+    # Llama 3 405B, TP8 PP16 DP64, 32 micro-batches: each fp32 reduce-scatter (0.31 s) outlasts
+    # its own micro-batch's backward but the stream of 32 is mostly hidden by those that follow.
+    plan = Plan(PRESETS["llama3-405b"], 8192, 2048, tp=8, pp=16, dp=64, micro_batch=1, zero_stage=2,
+                sequence_parallel=True, lighter_end_stages=True)
+    one_at_a_time = step_cost(plan, replace(MEGATRON_CORE, overlap_grad_reduce=False)).dp_s
+    streamed = step_cost(plan, MEGATRON_CORE).dp_s
+    cost = step_cost(plan, MEGATRON_CORE)
+    assert one_at_a_time > 9.0  # 32 x 0.31 s, all exposed
+    # hidden at most behind all the step's compute and NVLink time, and at least two thirds hidden
+    assert one_at_a_time - cost.compute_s - cost.tp_s < streamed < 0.3 * one_at_a_time
+    zero1 = step_cost(replace(plan, zero_stage=1), MEGATRON_CORE).dp_s
+    assert streamed > zero1  # 32 reduce-scatters instead of one

@@ -269,7 +269,19 @@ class StepCost:
         return {"tp": self.tp_s, "cp": self.cp_s, "pp": self.pp_s, "dp": self.dp_s}
 
 
-def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float, bwd_mb: float) -> float:
+def after_first_backward(n_mb: int, mb_s: float, fwd_s: float, pp: int, vpp: int) -> float:
+    """Seconds from the first pipeline rank's first backward to the end of the step, in the ideal
+    timeline of Megatron's 1F1B (vpp 1) and interleaved schedules: uniform stages, a micro-batch
+    of mb_s seconds of which fwd_s forward, step n mb_s + (p - 1) mb_s / v. That backward starts
+    at p f + (p - 1)(mb_s - f) / v; tests/test_planner_cost.py checks this against a simulation of
+    the schedules' order."""
+    return n_mb * mb_s - fwd_s * (pp - (pp - 1) / vpp)
+
+
+def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float, bwd_mb: float,
+             nic_free_mb: float) -> float:
+    """Exposed DP time. nic_free_mb: the part of a micro-batch on the slowest rank during which
+    the scale-out link is free for DP traffic (compute and NVLink TP collectives)."""
     d = plan.zero_group  # CP ranks hold the same weights: gradients are reduced over DP x CP
     if d == 1:
         return 0.0
@@ -292,8 +304,8 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
 
     if plan.zero_stage == 3:  # gather for fwd and for bwd, reduce-scatter, every micro-batch
         per_mb = 2 * gather + grad
-        overlapped = sw.overlap_grad_reduce and sw.overlap_param_gather
-        return plan.grad_accum * (max(0.0, per_mb - fwd_mb - bwd_mb) if overlapped else per_mb)
+        both_overlap = sw.overlap_grad_reduce and sw.overlap_param_gather
+        return plan.grad_accum * (max(0.0, per_mb - nic_free_mb) if both_overlap else per_mb)
     if plan.zero_stage == 0:  # one all-reduce = reduce-scatter + all-gather of the gradients
         return reduced(2 * grad)
     if sw.full_grad_allreduce and (plan.zero_stage == 1 or sw.zero2_reduce_once):
@@ -301,8 +313,16 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
         grad *= 2
     if plan.zero_stage == 2 and not sw.zero2_reduce_once:
         # Sharded gradients cannot be accumulated locally: each micro-batch's gradients are
-        # reduce-scattered during its backward (DeepSpeed ZeRO-2, FSDP SHARD_GRAD_OP).
-        return plan.grad_accum * reduced(grad) + gathered(gather)
+        # reduce-scattered during its backward (DeepSpeed ZeRO-2, FSDP SHARD_GRAD_OP). Overlapped,
+        # the reduction runs on its own stream and keeps the link busy through the micro-batches
+        # that follow (only the buffer it reads must wait for it): it is exposed only where the n
+        # reductions outlast the time from the first pipeline rank's first backward to the end of
+        # the step, and at least its last bucket.
+        n = plan.grad_accum
+        if not sw.overlap_grad_reduce:
+            return n * grad + gathered(gather)
+        window = max(bwd_mb, after_first_backward(n, nic_free_mb, fwd_mb, plan.pp, plan.vpp))
+        return max(n * grad - window, reduced(grad)) + gathered(gather)
     # ZeRO-1, and hybridpar's ZeRO-2 (one reduction of the full accumulated gradients per step,
     # engine.py _defer_zero2_reduction): reduced once, then the updated weights gathered.
     return reduced(grad) + gathered(gather)
@@ -353,7 +373,7 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
     n_mb = plan.grad_accum
     bubble = (plan.pp - 1) / plan.vpp * mb_total
 
-    dp = _dp_time(plan, gpu, sw, n_params, fwd_mb, bwd_mb)
+    dp = _dp_time(plan, gpu, sw, n_params, fwd_mb, bwd_mb, fwd_mb + bwd_mb + tp_mb)
     tied = _tied_embedding_sync(plan, gpu, sw)
     shard = n_params / (plan.zero_group if plan.zero_stage >= 1 else 1)
     optimizer = hbm_time(OPTIMIZER_BYTES_PER_PARAM * shard, gpu)
