@@ -104,3 +104,12 @@ def test_hybridpar_plans_never_use_zero3():
         search(Request(model, 8, 64, 8192, pins={"zero_stage": 3}))
     core = search(Request(model, 8, 64, 8192, software=MEGATRON_CORE, pins={"zero_stage": 3}))
     assert core.plans and core.plans[0].plan.zero_stage == 3
+
+
+def test_zero_shards_over_cp_ranks_when_there_is_no_dp():
+    # 405B on 256 H100s: TP8 x PP16 x CP2 leaves DP = 1; ZeRO-1 over the two CP ranks (which hold
+    # the same weights) frees enough memory to drop recomputation. With DP = CP = 1 nothing shards.
+    best = search(Request(PRESETS["llama3-405b"], 256, 512, 8192), top=1).plans[0].plan
+    assert (best.tp, best.cp, best.pp, best.dp, best.zero_stage, best.recompute) == (8, 2, 16, 1, 1, "none")
+    lone = search(Request(PRESETS["llama3-405b"], 128, 256, 8192, pins={"cp": 1}), top=3).plans
+    assert lone and all(e.plan.zero_stage == 0 for e in lone if e.plan.dp == 1)

@@ -46,6 +46,9 @@ LAYOUTS = [
     # Context parallelism (hybridpar/attention.py): 2 chunks per CP rank, K/V all-gathered.
     {"name": "cp2_dp4", "cp": 2, "dp": 4, "zero": 1, "micro_batch": 1},
     {"name": "tp2_cp2_pp2_zero0", "tp": 2, "cp": 2, "pp": 2, "dp": 1, "zero": 0},
+    # No DP: ZeRO shards over the CP ranks, which hold the same weights (megatron-core's
+    # data-parallel group with context parallelism).
+    {"name": "tp2_cp2_pp2_zero1", "tp": 2, "cp": 2, "pp": 2, "dp": 1, "zero": 1},
     {"name": "cp2_pp2_dp2_zero2", "cp": 2, "pp": 2, "dp": 2, "zero": 2, "bucket": SMALL_BUCKET},
     {"name": "tp2_cp2_dp2_sp", "tp": 2, "cp": 2, "dp": 2, "zero": 1, "sp": True, "bucket": SMALL_BUCKET},
     # Llama 3's lighter end stages on a 6-layer model: embedding and loss count as one layer each.

@@ -167,14 +167,16 @@ def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, r
     if pp > 1 and not even and (m.layers + 2) % pp:
         return reject(f"layers {m.layers} (or {m.layers + 2} with lighter end stages) not divisible by pp {pp}")
     probe = _with_split(_base_plan(req, tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=3, sequence_parallel=tp > 1))
-    floor = max(16 * params_per_rank(probe, s) for s in stages(probe)) / dp
+    floor = max(16 * params_per_rank(probe, s) for s in stages(probe)) / probe.zero_group
     if floor > cap:
+        over = f"DP={dp}" if cp == 1 else f"DP x CP = {dp} x {cp}"
         return reject(f"weights, gradients and optimizer alone need {floor / GIB:.0f} GiB per GPU at "
-                      f"TP={tp}, PP={pp}, even with ZeRO-3 over DP={dp}", floor)
+                      f"TP={tp}, PP={pp}, even with ZeRO-3 over {over}", floor)
 
     per_replica = req.global_batch // dp
     mbs = _choices(req, "micro_batch", [b for b in _divisors(per_replica) if b <= MAX_MICRO_BATCH])
-    zeros = [z for z in _choices(req, "zero_stage", [0] if dp == 1 else [1, 2, 3]) if z in req.software.zero_stages]
+    # ZeRO shards over DP x CP (the CP ranks hold the same weights); with neither there is nothing to shard.
+    zeros = [z for z in _choices(req, "zero_stage", [0] if dp * cp == 1 else [1, 2, 3]) if z in req.software.zero_stages]
     recomputes = _choices(req, "recompute", list(RECOMPUTE_MODES))
     best_miss = None
     found = False
