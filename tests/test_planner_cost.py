@@ -164,3 +164,14 @@ def test_classic_zero2_reduce_scatters_hide_behind_later_micro_batches():
     assert one_at_a_time - cost.compute_s - cost.tp_s < streamed < 0.3 * one_at_a_time
     zero1 = step_cost(replace(plan, zero_stage=1), MEGATRON_CORE).dp_s
     assert streamed > zero1  # 32 reduce-scatters instead of one
+
+
+def test_zero_group_of_cp_ranks_inside_a_node_runs_on_nvlink():
+    from dataclasses import replace
+    # TP4 x CP2 without DP: ZeRO's group is the two CP ranks, inside an 8-GPU node, not across a
+    # 4-GPU one.
+    plan = Plan(PRESETS["llama3-70b"], 8192, 64, tp=4, cp=2, pp=4, dp=1, micro_batch=1, zero_stage=1,
+                sequence_parallel=True)
+    inside = step_cost(plan).dp_s
+    across = step_cost(replace(plan, gpus_per_node=4)).dp_s
+    assert 0 < inside < across / 5

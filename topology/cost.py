@@ -285,7 +285,10 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
     d = plan.zero_group  # CP ranks hold the same weights: gradients are reduced over DP x CP
     if d == 1:
         return 0.0
-    bw = gpu.nvlink_gbps if plan.world_size <= plan.gpus_per_node else gpu.network_gbps
+    # DP outermost: the DP x CP group stays inside a node when the whole job does, or, without DP,
+    # when the TP x CP block does (as the CP group).
+    inside = plan.world_size <= plan.gpus_per_node or (plan.dp == 1 and plan.tp * plan.cp <= plan.gpus_per_node)
+    bw = gpu.nvlink_gbps if inside else gpu.network_gbps
     ring = (d - 1) / d
     grad = link_time(ring * n_params * (4 if sw.fp32_grads else 2), bw)  # reduce-scatter
     gather = link_time(ring * n_params * 2, bw)  # all-gather of 16-bit weights
