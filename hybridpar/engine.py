@@ -78,6 +78,7 @@ import torch.distributed as dist
 
 from .grad_sync import DEFAULT_BUCKET_NUMEL, OverlappedGradReduction
 from .param_gather import DeferredParamGather
+from . import zero_norm
 from .zero_partitions import PartitionHandOff
 
 
@@ -226,6 +227,7 @@ class StageEngine:
         self.fp32_masters = self._label_fp32_masters()
         if zero_stage > 0:
             self._remove_deepspeed_grad_hooks()
+            zero_norm.install(self.engine.optimizer)  # one norm all-reduce per axis, not one per group
         if zero_stage == 2:
             self._defer_zero2_reduction()
         if self.fp32_grad_accum:

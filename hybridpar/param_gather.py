@@ -7,7 +7,8 @@ gather is skipped during hybridpar's step, and the same bytes move afterwards, b
 in forward order: a bucket's parameters fill one contiguous range of each group's flat buffer,
 and the part of that range rank r stepped (its DeepSpeed partition) is broadcast from r, in
 place (a bucket that holds a whole group, as one bucket per stage does, is one in-place
-all-gather of that group, DeepSpeed's own call). Nothing waits there; a forward pre-hook on every module that holds parameters waits for
+all-gather of that group, DeepSpeed's own call; several whole groups in one bucket share one
+all-gather). Nothing waits there; a forward pre-hook on every module that holds parameters waits for
 that module's buckets, so the next forward runs its first layers while the later layers'
 weights still travel.
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import torch
 import torch.distributed as dist
 
 from .grad_sync import bucket_params
@@ -105,9 +107,15 @@ class DeferredParamGather:
         flats, me = self.opt.bit16_groups_flat, dist.get_rank(self.group)
         for b, sends in enumerate(self._sends):
             works = []
+            whole = [i for i, _, _, owner in sends if owner is None]
+            if len(whole) > 1:  # several whole groups: one all-gather for all of them
+                works.append(_PackedGather([flats[i] for i in whole], [int(self.opt.partition_size[i]) for i in whole],
+                                           me, len(self.ranks), self.group))
             for i, start, stop, owner in sends:
-                if owner is None:  # in place: this rank's partition is a view of the output
-                    size = int(self.opt.partition_size[i])
+                if owner is None:
+                    if len(whole) > 1:
+                        continue
+                    size = int(self.opt.partition_size[i])  # in place: this rank's partition is a view of the output
                     mine = flats[i][me * size:(me + 1) * size]
                     works.append(dist.all_gather_into_tensor(flats[i], mine, group=self.group, async_op=True))
                 else:
@@ -128,3 +136,26 @@ class DeferredParamGather:
         def hook(module, args):
             self.wait(buckets)  # only this module's buckets: nothing to do once they arrived
         return hook
+
+
+class _PackedGather:
+    """One all-gather for several whole flat buffers (DeepSpeed's parameter groups, each held by one
+    bucket): this rank's partitions packed side by side, gathered, and copied out into each flat
+    buffer's rank-ordered partitions when waited for. Costs one copy of the bucket's weights, which
+    a bucket's size bounds."""
+
+    def __init__(self, flats: list, sizes: list[int], me: int, world: int, group):
+        self.flats, self.sizes, self.world = flats, sizes, world
+        packed = torch.cat([flat[me * size:(me + 1) * size] for flat, size in zip(flats, sizes)])
+        self.out = packed.new_empty(world * packed.numel())
+        self.work = dist.all_gather_into_tensor(self.out, packed, group=group, async_op=True)
+
+    def wait(self) -> None:
+        if self.out is None:
+            return
+        self.work.wait()
+        rows, offset = self.out.view(self.world, -1), 0
+        for flat, size in zip(self.flats, self.sizes):
+            flat.view(self.world, size).copy_(rows[:, offset:offset + size])
+            offset += size
+        self.out = None

@@ -195,18 +195,30 @@ def test_traffic_stays_on_its_axis(runs, name):
                 assert (peer.dp, peer.tp, peer.cp) == (me.dp, me.tp, me.cp), (rank, e)
                 assert abs(peer.pp - me.pp) == 1, (rank, e)
                 p2p_events += 1
-            elif e["numel"] > 1:
+            elif e["numel"] > SCALARS:
                 assert e["group"] in (groups["tp"], groups["dp"]), (rank, e, groups)
                 if e["group"] == groups["dp"] and len(groups["dp"]) > 1:
                     dp_bytes += e["numel"]
                 if e["group"] == groups["tp"] and len(groups["tp"]) > 1:
                     tp_events += 1
-            else:  # scalars: the loss for the log (world) and DeepSpeed's grad-norm sums (dp, replica)
+            else:  # scalars: the loss for the log (world) and the grad-norm sums (dp, replica)
                 assert e["group"] in (world, groups["dp"], groups["mp"], groups["tp"]), (rank, e)
+        # ZeRO's norm: both parameter groups' sums in one all-reduce per axis (hybridpar/zero_norm.py)
+        scalar_groups = [tuple(e["group"]) for e in events if e["op"] == "all_reduce" and e["numel"] <= SCALARS]
+        assert scalar_groups.count(tuple(groups["dp"])) == 1, (rank, scalar_groups)
+        assert scalar_groups.count(tuple(groups["mp"])) == (1 if len(groups["mp"]) > 1 else 0), (rank, scalar_groups)
+        # One bucket per stage: the updated weights of both parameter groups in one all-gather
+        # (hybridpar/param_gather.py), after the step's one reduce-scatter.
+        gathers = [e for e in events if e["op"] == "all_gather_into_tensor" and e["group"] == groups["dp"]]
+        assert len(gathers) == 1, (rank, gathers)
     assert dp_bytes > 0, "no gradient traffic on the DP groups"
     assert p2p_events > 0, "no pipeline traffic"
     if layout.tp > 1:
         assert tp_events > 0, "no tensor-parallel traffic"
+
+
+# Elements of a collective up to which it carries scalars (a loss, per-group norm sums), not tensors.
+SCALARS = 8
 
 
 def _dp_gradient_numel(base, name) -> list[dict]:
@@ -218,7 +230,7 @@ def _dp_gradient_numel(base, name) -> list[dict]:
         dp_group = layout.group_of(per_rank["rank"], "dp")
         sums = {"reduce": 0, "all_reduce": 0, "reduce_calls": 0, "reduce_scatter_calls": 0}
         for e in per_rank["events"]:
-            if e["group"] != dp_group or e["numel"] <= 8:
+            if e["group"] != dp_group or e["numel"] <= SCALARS:
                 continue
             if e["op"] in ("reduce", "all_reduce"):
                 sums[e["op"]] += e["numel"]
