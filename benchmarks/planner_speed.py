@@ -1,20 +1,19 @@
 """Whole-process wall time of `hybridpar plan` (full search, interpreter start included) for
 8 to 16,384 GPUs; median of repeats. Writes benchmarks/results/planner_speed.json.
 
-    .venv/bin/python -m benchmarks.planner_speed [--repeats 5]
+    hybridpar bench planner_speed [--repeats 5]   (or: python -m benchmarks.planner_speed)
 """
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from benchmarks.results_io import write_result
 
 REPO = Path(__file__).resolve().parents[1]
 GPUS = (8, 64, 512, 4096, 16384)
@@ -26,10 +25,12 @@ def command(gpus: int) -> list[str]:
     return [str(exe), "plan", "--model", MODEL[gpus], "--gpus", str(gpus)]
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="hybridpar bench planner_speed", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     rows = []
     for gpus in GPUS:
         cmd = command(gpus)
@@ -42,18 +43,8 @@ def main() -> int:
                      "median_s": round(statistics.median(times), 3), "min_s": round(min(times), 3),
                      "max_s": round(max(times), 3), "repeats": args.repeats})
         print(f"{gpus:>6} GPUs  median {rows[-1]['median_s']:.3f} s  min {rows[-1]['min_s']:.3f} s  ({cmd[3]})")
-    out = {
-        "benchmark": "planner_speed",
-        "command": "python -m benchmarks.planner_speed",
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
-                    "cpus": os.cpu_count(), "load_average_1m": round(os.getloadavg()[0], 2)},
-        "versions": {"python": platform.python_version()},
-        "results": rows,
-    }
-    path = REPO / "benchmarks" / "results" / "planner_speed.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(out, indent=2) + "\n")
+    path = write_result("planner_speed", {"load_average_1m": round(os.getloadavg()[0], 2), "results": rows},
+                        command=" ".join(["hybridpar bench planner_speed", *(argv or [])]))
     print(f"wrote {path.relative_to(REPO)}")
     return 0
 

@@ -157,3 +157,20 @@ def test_gpu_benchmark_model_is_about_1b_and_planned():
     # the runtime's unfused attention is predicted slower than the planner's FlashAttention default
     assert step_cost(plan, sw=RUNTIME_SOFTWARE).step_time_s > step_cost(plan).step_time_s
     assert MODEL.heads % MODEL.kv_heads == 0
+
+
+def test_every_benchmark_takes_its_options_from_the_command_line(capsys):
+    """`hybridpar bench NAME [options]` hands the options to ``main(argv)``: each benchmark parses
+    them itself (``--help`` prints its usage and exits 0 without running anything)."""
+    import importlib
+
+    from hybridpar.commands.bench import available
+
+    names = sorted(available())
+    assert names
+    for name in names:
+        module = importlib.import_module(f"benchmarks.{name}")
+        with pytest.raises(SystemExit) as done:
+            module.main(["--help"])
+        assert done.value.code == 0, name
+        assert "usage:" in capsys.readouterr().out, name
