@@ -11,6 +11,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._cli import nonnegative_float, positive_float
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -57,9 +59,9 @@ def finish_worker(out: str, payload) -> None:
 
 def add_quiet_machine_options(parser, timeout_s: float) -> None:
     """--max-load/--max-wait (wait_for_quiet) and --timeout (torchrun) for a timing benchmark."""
-    parser.add_argument("--max-load", type=float, default=1.5, help="start each launch below this 1-minute load")
-    parser.add_argument("--max-wait", type=float, default=600, help="seconds to wait for that load")
-    parser.add_argument("--timeout", type=float, default=timeout_s, help="seconds allowed per launch")
+    parser.add_argument("--max-load", type=positive_float, default=1.5, help="start each launch below this 1-minute load")
+    parser.add_argument("--max-wait", type=nonnegative_float, default=600, help="seconds to wait for that load")
+    parser.add_argument("--timeout", type=positive_float, default=timeout_s, help="seconds allowed per launch")
 
 
 def spread(values: list[float]) -> dict:

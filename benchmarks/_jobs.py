@@ -31,18 +31,15 @@ class Layout:
                 kw["sp"] = True
             elif part == "after":
                 kw["deepspeed_reduces"] = True
-            elif part.startswith("tp"):
-                kw["tp"] = int(part[2:])
-            elif part.startswith("cp"):
-                kw["cp"] = int(part[2:])
-            elif part.startswith("pp"):
-                kw["pp"] = int(part[2:])
-            elif part.startswith("dp"):
-                kw["dp"] = int(part[2:])
-            elif part.startswith("z"):
-                kw["zero"] = int(part[1:])
+            elif part[:2] in ("tp", "cp", "pp", "dp") or part[:1] == "z":
+                key, digits = ("zero", part[1:]) if part[:1] == "z" else (part[:2], part[2:])
+                if not digits.isdigit():
+                    raise ValueError(f"bad layout part {part!r} in {text!r}: {part[:len(part) - len(digits)]} "
+                                     f"takes a number, e.g. {part[:len(part) - len(digits)]}2")
+                kw[key] = int(digits)
             else:
-                raise ValueError(f"bad layout part {part!r} in {text!r}")
+                raise ValueError(f"bad layout part {part!r} in {text!r}: parts are tpN, cpN, ppN, dpN, zN, sp "
+                                 f"and after, joined by '_' (e.g. tp2_pp2_dp2_z1)")
         return cls(**kw)
 
 

@@ -23,6 +23,7 @@ from topology.stages import params_per_rank
 from topology.traffic import cost_model_bytes, dp_ring_lower_bound, runtime_bytes
 
 from benchmarks import _dist
+from benchmarks._cli import BenchParser, positive_float, positive_int
 from benchmarks._jobs import Layout, make_job, make_plan
 from benchmarks.results_io import RESULTS_DIR, write_result
 
@@ -149,16 +150,43 @@ def print_table(rows: list[dict]) -> None:
               f"{fmt(r['vs_planner_pct']):>10} {lb}")
 
 
+def check_layouts(p: BenchParser, args) -> list[str]:
+    """The --layouts names, each parsed and planned for --model on --nproc ranks (the worker,
+    launched on as many ranks as the layouts need, skips the rank count); else ``p.error``."""
+    names = [n.strip() for n in args.layouts.split(",")]
+    if any(not n for n in names):
+        p.error(f"--layouts {args.layouts!r}: give comma-separated layouts without empty entries, e.g. tp2_pp2_dp2_z1")
+    for name in names:
+        if names.count(name) > 1:
+            p.error(f"--layouts: {name} is given twice; name each layout once")
+        try:
+            layout = Layout.parse(name)
+        except ValueError as err:
+            p.error(f"--layouts: {err}")
+        if layout.zero not in (0, 1, 2):
+            p.error(f"--layouts: {name}: z{layout.zero} is not run here; use z0, z1 or z2 (no ZeRO-3 in this runtime)")
+        if not args.worker and not args.replan and layout.world != args.nproc:
+            p.error(f"--layouts: {name} needs {layout.world} ranks (tp x cp x pp x dp), not --nproc {args.nproc}; "
+                    f"give --nproc {layout.world} or layouts of {args.nproc} ranks")
+        try:
+            make_plan(layout, model=args.model)
+        except ValueError as err:
+            p.error(f"--layouts {name} with --model {args.model}: {err}")
+    return names
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="hybridpar bench comm", description=__doc__.splitlines()[0])
+    p = BenchParser("comm", description=__doc__.splitlines()[0])
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--layouts", default=DEFAULT_LAYOUTS)
+    p.add_argument("--layouts", default=DEFAULT_LAYOUTS,
+                   help="comma-separated layouts tpN_cpN_ppN_dpN_zN[_sp][_after], each of --nproc ranks")
     p.add_argument("--model", default="tiny")
-    p.add_argument("--nproc", type=int, default=8)
-    p.add_argument("--timeout", type=float, default=1200)
+    p.add_argument("--nproc", type=positive_int, default=8)
+    p.add_argument("--timeout", type=positive_float, default=1200)
     p.add_argument("--replan", action="store_true",
                    help="recompute only the planner columns of the stored results/comm.json (no launch)")
     args = p.parse_args(argv)
+    layouts = check_layouts(p, args)
     if args.replan:
         path = RESULTS_DIR / "comm.json"
         result = replan(json.loads(path.read_text()))
@@ -167,13 +195,9 @@ def main(argv=None) -> int:
         write_csv(result["rows"])
         print_table(result["rows"])
         return 0
-    layouts = args.layouts.split(",")
     if args.worker:
         worker(args.worker, layouts, args.model)
         return 0
-    for name in layouts:
-        if Layout.parse(name).world != args.nproc:
-            raise SystemExit(f"layout {name} needs {Layout.parse(name).world} ranks, not {args.nproc}")
     load = _dist.loadavg()
     raw = _dist.torchrun("benchmarks.comm", args.nproc, ["--layouts", args.layouts, "--model", args.model], args.timeout)
     rows = [row for name in layouts for row in analyse(name, raw[name], args.model)]

@@ -14,7 +14,6 @@ what this runtime actually runs (torch SDPA attention, ``gradient_accumulation_f
 """
 from __future__ import annotations
 
-import argparse
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ from topology.models import ModelSpec
 from topology.plan import Plan
 from topology.software import HYBRIDPAR
 
+from benchmarks._cli import BenchParser, nonnegative_int, positive_int
 from benchmarks.results_io import write_result
 
 MODEL = ModelSpec(layers=20, hidden=2048, ffn_hidden=5632, heads=16, kv_heads=8, vocab=32000, name="llama-1b")
@@ -54,13 +54,19 @@ def make_plan(gpu: str, seq_len: int, micro_batch: int, global_batch: int) -> Pl
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="hybridpar bench gpu", description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--micro-batch", type=int, default=2)
-    p.add_argument("--global-batch", type=int, default=16)
+    p = BenchParser("gpu", description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=positive_int, default=30)
+    p.add_argument("--warmup", type=nonnegative_int, default=5)
+    p.add_argument("--seq-len", type=positive_int, default=2048)
+    p.add_argument("--micro-batch", type=positive_int, default=2)
+    p.add_argument("--global-batch", type=positive_int, default=16, help="a multiple of --micro-batch")
     args = p.parse_args(argv)
+    if args.global_batch % args.micro_batch:
+        p.error(f"--global-batch {args.global_batch} is not a multiple of --micro-batch {args.micro_batch} "
+                f"(one GPU: DP = 1); e.g. --global-batch {args.micro_batch * max(args.global_batch // args.micro_batch, 1)}")
+    bad = make_plan("h100-80gb", args.seq_len, args.micro_batch, args.global_batch).violations()
+    if bad:  # the same divisibility rules on any GPU of the catalogue
+        p.error("; ".join(bad))
     t_start = time.perf_counter()
     import torch
 

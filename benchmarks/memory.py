@@ -24,11 +24,15 @@ from topology.models import ModelSpec
 from topology.software import HYBRIDPAR
 
 from benchmarks import _dist
+from benchmarks._cli import BenchParser, int_list, positive_float
 from benchmarks._jobs import Layout, make_job, make_plan
 from benchmarks.results_io import RESULTS_DIR, write_result
 
 MODEL = ModelSpec(layers=4, hidden=256, ffn_hidden=704, heads=4, kv_heads=2, vocab=8192, name="mem-7m")
 MB = 1024 * 1024
+SEQ, GLOBAL_BATCH, MICRO = 64, 8, 1
+DP_SIZES = (1, 2, 4, 8)  # the global batch of 8 sequences, micro-batch 1, splits evenly over these
+ZEROS = (0, 1, 2)  # ZeRO-3 is not part of hybridpar's runtime
 
 
 def _status_kb(field: str) -> int:
@@ -98,8 +102,8 @@ def worker(out: str, dp: int, zeros: list[int]) -> None:
         gc.collect()
         _reset_peak_rss()
         base = _status_kb("VmRSS") / 1024
-        plan = make_plan(Layout(f"dp{dp}_z{z}", dp=dp, zero=z), model=MODEL, seq_len=64, global_batch=8,
-                         micro_batch=1)
+        plan = make_plan(Layout(f"dp{dp}_z{z}", dp=dp, zero=z), model=MODEL, seq_len=SEQ,
+                         global_batch=GLOBAL_BATCH, micro_batch=MICRO)
         job = make_job(plan)
         row = measure(job)
         row["rss_before_mb"] = base
@@ -120,18 +124,20 @@ def planner_rows(n: float, dp: int, z: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="hybridpar bench memory", description=__doc__.splitlines()[0])
+    p = BenchParser("memory", description=__doc__.splitlines()[0])
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--dp", default="1,2,4,8")
-    p.add_argument("--zero", default="0,1,2")
-    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--dp", default="1,2,4,8", help="DP sizes, one launch each: 1, 2, 4 and/or 8")
+    p.add_argument("--zero", default="0,1,2", help="ZeRO stages: 0, 1 and/or 2")
+    p.add_argument("--timeout", type=positive_float, default=900, help="seconds allowed per launch")
     args = p.parse_args(argv)
-    zeros = [int(z) for z in args.zero.split(",")]
+    dps = int_list(p, "--dp", args.dp, allowed=DP_SIZES,
+                   hint=f"the global batch of {GLOBAL_BATCH} sequences, micro-batch {MICRO}, must split evenly over DP")
+    zeros = int_list(p, "--zero", args.zero, allowed=ZEROS, hint="ZeRO-3 is not part of hybridpar's runtime")
     if args.worker:
-        worker(args.worker, int(args.dp), zeros)
+        worker(args.worker, dps[0], zeros)
         return 0
     load, rows = _dist.loadavg(), []
-    for dp in [int(d) for d in args.dp.split(",")]:
+    for dp in dps:
         raw = _dist.torchrun("benchmarks.memory", dp, ["--dp", str(dp), "--zero", args.zero], args.timeout)
         for z in zeros:
             r0 = raw[str(z)][0]

@@ -21,22 +21,32 @@ import sys
 import time
 
 from benchmarks import _dist
+from benchmarks._cli import BenchParser, int_list, nonnegative_int, positive_int
 from benchmarks._jobs import Layout, make_job, make_plan
 from benchmarks.results_io import write_result
 
 TARGET = {"ddp": 1.10, "hand": 1.05}
+WORLDS = (2, 4, 8)  # 2 and 4: DP only (vs DDP); 8: TP2 x PP2 x DP2 (vs megatron + DeepSpeed by hand)
 PROFILED = ("forward_backward", "step", "_global_loss", "replica_batches", "zero_grad",
             "finalize_model_parallel_grads", "lr_at", "allreduce_gradients", "clip_grad_norm_")
+
+
+def variant_layouts(world: int) -> list[Layout]:
+    """World 8: TP2 x PP2 x DP2 ZeRO 1; world 2 or 4: DP only, ZeRO 0 and ZeRO 1."""
+    if world == 8:
+        return [Layout("tp2_pp2_dp2_z1", tp=2, pp=2, dp=2, zero=1)]
+    return [Layout(f"dp{world}_z0", dp=world, zero=0), Layout(f"dp{world}_z1", dp=world, zero=1)]
 
 
 def build_variants(world: int, steps: int, model: str = "tiny") -> dict:
     from benchmarks._baselines import DDPLoop, HandLoop
 
+    layouts = variant_layouts(world)
     if world == 8:
-        job = make_job(make_plan(Layout("tp2_pp2_dp2_z1", tp=2, pp=2, dp=2, zero=1), model=model), steps=steps)
+        job = make_job(make_plan(layouts[0], model=model), steps=steps)
         return {"hybridpar_z1": job.train_step, "hand": HandLoop(job).step}
-    z0 = make_job(make_plan(Layout(f"dp{world}_z0", dp=world, zero=0), model=model), steps=steps)
-    z1_plan = make_plan(Layout(f"dp{world}_z1", dp=world, zero=1), model=model)
+    z0 = make_job(make_plan(layouts[0], model=model), steps=steps)
+    z1_plan = make_plan(layouts[1], model=model)
     z1 = make_job(z1_plan, steps=steps)
     # The same ZeRO-1 job with the DP reduction left to DeepSpeed after the backward (no grad_sync).
     z1_after = make_job(z1_plan, steps=steps, overlap_grad_reduce=False)
@@ -104,23 +114,33 @@ def paired(times: dict, a: str, b: str) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="hybridpar bench overhead", description=__doc__.splitlines()[0])
+    p = BenchParser("overhead", description=__doc__.splitlines()[0])
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--worlds", default="2,4,8")
+    p.add_argument("--worlds", default="2,4,8", help="world sizes: 2 and 4 (DP only), 8 (TP2 x PP2 x DP2)")
     p.add_argument("--world", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--rounds", type=int, default=9)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--profile-steps", type=int, default=5)
+    p.add_argument("--rounds", type=positive_int, default=9, help="measured rounds, after the warm-up rounds")
+    p.add_argument("--steps", type=positive_int, default=3, help="steps per round")
+    p.add_argument("--warmup", type=nonnegative_int, default=2, help="discarded rounds")
+    p.add_argument("--profile-steps", type=nonnegative_int, default=5)
     p.add_argument("--model", default="tiny", help="model preset (tiny, tiny-deep, ...); results other than "
                                                     "tiny's go to overhead-<model>.json")
     _dist.add_quiet_machine_options(p, timeout_s=1800)
     args = p.parse_args(argv)
+    if args.worker:  # one launch of the driver's: its world size only
+        worlds = int_list(p, "--world", str(args.world), allowed=WORLDS)
+    else:
+        worlds = int_list(p, "--worlds", args.worlds, allowed=WORLDS, hint="2 and 4: DP only; 8: TP2 x PP2 x DP2")
+    for world in worlds:
+        try:
+            for layout in variant_layouts(world):
+                make_plan(layout, model=args.model)
+        except ValueError as err:
+            p.error(f"--model {args.model} at world {world}: {err}")
     if args.worker:
         worker(args.worker, args.world, args.rounds, args.steps, args.warmup, args.profile_steps, args.model)
         return 0
     results = {}
-    for world in [int(w) for w in args.worlds.split(",")]:
+    for world in worlds:
         load = _dist.wait_for_quiet(args.max_load, args.max_wait)
         raw = _dist.torchrun("benchmarks.overhead", world,
                              ["--world", str(world), "--rounds", str(args.rounds), "--steps", str(args.steps),

@@ -5,7 +5,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import subprocess
@@ -13,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from benchmarks._cli import BenchParser
 from benchmarks.results_io import write_result
 
 REPO = Path(__file__).resolve().parents[1]
@@ -26,11 +26,11 @@ def command(gpus: int) -> list[str]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="hybridpar bench planner_speed", description=__doc__.splitlines()[0])
+    parser = BenchParser("planner_speed", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args(argv)
     if args.repeats < 1:
-        parser.error("--repeats must be at least 1")
+        parser.error(f"--repeats {args.repeats}: must be at least 1")
     rows = []
     for gpus in GPUS:
         cmd = command(gpus)

@@ -10,7 +10,6 @@ The two meet at 1,024 GPUs. Writes benchmarks/results/scaling.{csv,json} and sca
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import sys
 import time
@@ -19,6 +18,7 @@ from topology.models import PRESETS
 from topology.plan import PlanError
 from topology.search import Request, search
 
+from ._cli import BenchParser, positive_int
 from .results_io import RESULTS_DIR, write_result
 
 MODELS = ("llama3-8b", "llama3-70b", "llama3-405b")
@@ -112,14 +112,18 @@ def _save(fig, name: str) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="hybridpar bench scaling", description=__doc__.splitlines()[0])
+    parser = BenchParser("scaling", description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated presets")
-    parser.add_argument("--max-gpus", type=int, default=16384)
+    parser.add_argument("--max-gpus", type=positive_int, default=16384, help="largest GPU count planned: 8 or more")
     args = parser.parse_args(argv)
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in models if m not in PRESETS]
     if unknown:
-        parser.error(f"unknown model(s): {', '.join(unknown)}")
+        parser.error(f"unknown model(s): {', '.join(unknown)}; presets: {', '.join(PRESETS)}")
+    if not models:
+        parser.error(f"--models {args.models!r} names no model; give presets such as {','.join(MODELS)}")
+    if args.max_gpus < 8:
+        parser.error(f"--max-gpus {args.max_gpus}: use 8 or more (GPU counts planned: 8, 16, ... up to it)")
     start = time.perf_counter()
     rows = run(models, args.max_gpus)
     RESULTS_DIR.mkdir(parents=True, exist_ok=True)

@@ -14,7 +14,6 @@ the final one included, equals the uninterrupted run's. Writes benchmarks/result
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -25,12 +24,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks._cli import BenchParser, positive_int
 from benchmarks.results_io import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes" / "tiny.yaml"
 LAUNCH_S = 120  # allowance per launch (imports, engine start) before "no progress" counts as a hang
 STEP_S = 10  # allowance per step on a loaded 2-core machine
+NPROC = 8  # recipes/tiny.yaml is laid out as TP2 x PP2 x DP2
 
 
 def _env(fault: str | None) -> dict:
@@ -154,17 +155,27 @@ def check(args, segments: list[dict], work: Path, reference: dict[int, float]) -
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="hybridpar bench soak", description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--save-every", type=int, default=50)
-    parser.add_argument("--kill-every", type=int, default=200, help="a multiple of --save-every")
-    parser.add_argument("--nproc", type=int, default=8)
-    parser.add_argument("--timeout-s", type=int, default=60, help="process-group timeout of the runs")
+    parser = BenchParser("soak", description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=positive_int, default=1000)
+    parser.add_argument("--save-every", type=positive_int, default=50)
+    parser.add_argument("--kill-every", type=positive_int, default=200, help="a multiple of --save-every, below --steps")
+    parser.add_argument("--nproc", type=positive_int, default=NPROC, help=f"ranks: {NPROC} (the recipe's TP2 x PP2 x DP2)")
+    parser.add_argument("--timeout-s", type=positive_int, default=60, help="process-group timeout of the runs")
     parser.add_argument("--work", help="working directory (default: a temporary one, removed afterwards)")
     parser.add_argument("--name", default="soak", help="result file name in benchmarks/results/")
     args = parser.parse_args(argv)
+    if args.nproc != NPROC:
+        parser.error(f"--nproc {args.nproc}: use {NPROC}; recipes/tiny.yaml is laid out as TP2 x PP2 x DP2 = 8 ranks")
     if args.kill_every % args.save_every:
-        parser.error("--kill-every must be a multiple of --save-every")
+        parser.error(f"--kill-every {args.kill_every} must be a multiple of --save-every {args.save_every} "
+                     f"(a rank is killed while a checkpoint is written), e.g. --kill-every {4 * args.save_every}")
+    if args.kill_every >= args.steps:
+        parser.error(f"--kill-every {args.kill_every} must be below --steps {args.steps}, or no rank is ever killed; "
+                     f"give more --steps or a smaller --kill-every")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.name):
+        parser.error(f"--name {args.name!r}: use letters, digits, '.', '_' or '-' (a file name in benchmarks/results/)")
+    if args.work and Path(args.work).exists() and not Path(args.work).is_dir():
+        parser.error(f"--work {args.work}: exists and is not a directory; give a directory or a new path")
     work = Path(args.work or tempfile.mkdtemp(prefix="hybridpar-soak-"))
     work.mkdir(parents=True, exist_ok=True)
     started = time.time()

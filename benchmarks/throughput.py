@@ -16,10 +16,12 @@ import sys
 import time
 
 from benchmarks import _dist
+from benchmarks._cli import BenchParser, int_list, nonnegative_int, positive_int
 from benchmarks._jobs import Layout, make_job, make_plan
 from benchmarks.results_io import write_result
 
 GLOBAL_BATCH, SEQ, MICRO = 16, 32, 2
+DP_SIZES = (1, 2, 4, 8)  # the 8 micro-batches of 2 sequences split evenly over these
 
 
 def worker(out: str, dp: int, steps: int, warmup: int) -> None:
@@ -47,18 +49,20 @@ def worker(out: str, dp: int, steps: int, warmup: int) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="hybridpar bench throughput", description=__doc__.splitlines()[0])
+    p = BenchParser("throughput", description=__doc__.splitlines()[0])
     p.add_argument("--worker", help=argparse.SUPPRESS)
-    p.add_argument("--dp", default="1,2,4,8")
-    p.add_argument("--steps", type=int, default=12)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--dp", default="1,2,4,8", help="DP sizes, one launch each: 1, 2, 4 and/or 8")
+    p.add_argument("--steps", type=positive_int, default=12, help="timed steps per launch")
+    p.add_argument("--warmup", type=nonnegative_int, default=3, help="untimed steps before them")
     _dist.add_quiet_machine_options(p, timeout_s=900)
     args = p.parse_args(argv)
+    dps = int_list(p, "--dp", args.dp, allowed=DP_SIZES,
+                   hint=f"the global batch of {GLOBAL_BATCH} sequences, micro-batch {MICRO}, must split evenly over DP")
     if args.worker:
-        worker(args.worker, int(args.dp), args.steps, args.warmup)
+        worker(args.worker, dps[0], args.steps, args.warmup)
         return 0
     rows = []
-    for dp in [int(d) for d in args.dp.split(",")]:
+    for dp in dps:
         load = _dist.wait_for_quiet(args.max_load, args.max_wait)
         raw = _dist.torchrun("benchmarks.throughput", dp, ["--dp", str(dp), "--steps", str(args.steps),
                                                           "--warmup", str(args.warmup)], args.timeout)

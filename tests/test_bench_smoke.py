@@ -174,3 +174,52 @@ def test_every_benchmark_takes_its_options_from_the_command_line(capsys):
             module.main(["--help"])
         assert done.value.code == 0, name
         assert "usage:" in capsys.readouterr().out, name
+
+
+BAD_BENCH_INVOCATIONS = [
+    ("overhead", ["--worlds", "3"]), ("overhead", ["--rounds", "0"]), ("overhead", ["--steps", "0"]),
+    ("overhead", ["--worlds", "2,x"]), ("overhead", ["--model", "nosuch"]), ("overhead", ["--no-such-flag"]),
+    ("memory", ["--dp", "0"]), ("memory", ["--dp", "3"]), ("memory", ["--zero", "3"]),
+    ("throughput", ["--dp", "3"]), ("throughput", ["--steps", "0"]), ("throughput", ["--max-load", "0"]),
+    ("comm", ["--nproc", "3"]), ("comm", ["--layouts", "nosuch"]), ("comm", ["--layouts", "tp"]),
+    ("comm", ["--layouts", "tp3_dp2_z1", "--nproc", "6"]),
+    ("soak", ["--nproc", "0"]), ("soak", ["--nproc", "4"]), ("soak", ["--steps", "0"]),
+    ("soak", ["--save-every", "0"]), ("soak", ["--kill-every", "75"]), ("soak", ["--steps", "100"]),
+    ("scaling", ["--max-gpus", "0"]), ("scaling", ["--max-gpus", "4"]), ("scaling", ["--models", "nosuch"]),
+    ("gpu", ["--steps", "0"]), ("gpu", ["--global-batch", "15"]), ("gpu", ["--seq-len", "x"]),
+    ("planner_speed", ["--repeats", "0"]), ("planner_speed", ["--bogus"]),
+]
+
+
+def test_every_benchmark_rejects_bad_input_in_one_line(capsys, monkeypatch):
+    """Bad options end in exit status 2 and one line on stderr naming the problem, before any
+    process is started (a launch here fails the test) or any result written."""
+    import importlib
+
+    import benchmarks._dist
+    import benchmarks.results_io
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError(f"launched or wrote despite bad input: {args!r}")
+
+    monkeypatch.setattr(benchmarks._dist, "torchrun", forbidden)
+    monkeypatch.setattr(benchmarks._dist, "wait_for_quiet", forbidden)
+    monkeypatch.setattr(benchmarks.results_io, "write_result", forbidden)
+    monkeypatch.setattr(subprocess, "run", forbidden)
+    monkeypatch.setattr(subprocess, "Popen", forbidden)
+    covered = set()
+    for name, argv in BAD_BENCH_INVOCATIONS:
+        module = importlib.import_module(f"benchmarks.{name}")
+        monkeypatch.setattr(module, "write_result", forbidden, raising=False)
+        with pytest.raises(SystemExit) as done:
+            module.main(argv)
+        captured = capsys.readouterr()
+        assert done.value.code == 2, (name, argv, captured.err)
+        lines = captured.err.splitlines()
+        assert len(lines) == 1 and lines[0].strip(), (name, argv, captured.err)
+        assert lines[0].startswith(f"hybridpar bench {name}: error: "), (name, argv, lines)
+        assert "Traceback" not in captured.err and not captured.out, (name, argv, captured)
+        covered.add(name)
+    from hybridpar.commands.bench import available
+
+    assert covered == set(available())
