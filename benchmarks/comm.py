@@ -25,7 +25,7 @@ from topology.traffic import cost_model_bytes, dp_ring_lower_bound, runtime_byte
 from benchmarks import _dist
 from benchmarks._cli import BenchParser, positive_float, positive_int
 from benchmarks._jobs import Layout, make_job, make_plan
-from benchmarks.results_io import RESULTS_DIR, write_result
+from benchmarks.results_io import RESULTS_DIR, replacing, write_result
 
 DEFAULT_LAYOUTS = ("tp2_pp2_dp2_z1,tp2_pp2_dp2_z0,tp2_pp2_dp2_z2,tp2_pp2_dp2_z1_sp,tp2_pp2_dp2_z1_after,"
                    "dp8_z0,dp8_z1,dp8_z1_after,pp4_dp2_z1,cp2_pp2_dp2_z1,cp4_dp2_z1")
@@ -128,7 +128,7 @@ def replan(result: dict) -> dict:
 
 
 def write_csv(rows: list[dict]) -> None:
-    with open(RESULTS_DIR / "comm.csv", "w", newline="") as f:
+    with replacing(RESULTS_DIR / "comm.csv", newline="") as f:
         keys = ["layout", "pp_rank", "axis", "calls", "measured_wire", "measured_buffer", "runtime_model_wire",
                 "planner_wire", "vs_runtime_model_pct", "vs_planner_pct", "dp_ring_lower_bound"]
         w = csv.DictWriter(f, fieldnames=keys, extrasaction="ignore")

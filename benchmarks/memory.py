@@ -26,7 +26,7 @@ from topology.software import HYBRIDPAR
 from benchmarks import _dist
 from benchmarks._cli import BenchParser, int_list, positive_float
 from benchmarks._jobs import Layout, make_job, make_plan
-from benchmarks.results_io import RESULTS_DIR, write_result
+from benchmarks.results_io import RESULTS_DIR, replacing, write_result
 
 MODEL = ModelSpec(layers=4, hidden=256, ffn_hidden=704, heads=4, kv_heads=2, vocab=8192, name="mem-7m")
 MB = 1024 * 1024
@@ -155,7 +155,7 @@ def main(argv=None) -> int:
               f"{r['optimizer'] * r['dp'] / r['n_params']:>14.2f} {r['peak_rss_mb']:>11.0f}")
     write_result("memory", {"model": MODEL.to_dict(), "dtype": "fp32", "load_average": load, "rows": rows},
                  command=("hybridpar bench memory " + " ".join(argv or [])).strip())
-    with open(RESULTS_DIR / "memory.csv", "w", newline="") as f:
+    with replacing(RESULTS_DIR / "memory.csv", newline="") as f:
         w = csv.writer(f)
         w.writerow(["dp", "zero", "n_params", "weights", "grads", "optimizer", "planner_fp32_optimizer",
                     "planner_bf16_optimizer", "peak_rss_mb"])

@@ -6,6 +6,7 @@ import os
 import platform
 import sys
 import tempfile
+from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -33,15 +34,28 @@ def environment() -> dict:
     }
 
 
+@contextmanager
+def replacing(target: Path, mode: str = "w", **open_kwargs):
+    """A temp file beside ``target``, renamed over it only when the block completes: a crash leaves
+    the previous result in place, never a half-written one."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, mode, **open_kwargs) as f:
+            yield f
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be read by anyone
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
 def write_result(name: str, payload: dict, command: str | None = None, directory: Path = RESULTS_DIR) -> Path:
     """Write ``payload`` plus provenance to ``directory/name.json`` (temp file, then rename)."""
-    directory.mkdir(parents=True, exist_ok=True)
     record = {"benchmark": name, "command": command or " ".join([Path(sys.executable).name, *sys.argv]), **environment(), **payload}
     target = directory / f"{name}.json"
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
+    with replacing(target) as f:
         json.dump(record, f, indent=2, sort_keys=False)
         f.write("\n")
-    os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be read by anyone
-    os.replace(tmp, target)
     return target

@@ -19,7 +19,7 @@ from topology.plan import PlanError
 from topology.search import Request, search
 
 from ._cli import BenchParser, positive_int
-from .results_io import RESULTS_DIR, write_result
+from .results_io import RESULTS_DIR, replacing, write_result
 
 MODELS = ("llama3-8b", "llama3-70b", "llama3-405b")
 SEQ = 8192
@@ -106,7 +106,8 @@ def plot(rows: list[dict], models) -> list[str]:
 
 def _save(fig, name: str) -> str:
     path = RESULTS_DIR / name
-    fig.savefig(path, dpi=110)
+    with replacing(path, "wb") as f:
+        fig.savefig(f, format="png", dpi=110)
     fig.clf()
     return str(path.relative_to(RESULTS_DIR.parent.parent))
 
@@ -126,8 +127,7 @@ def main(argv=None) -> int:
         parser.error(f"--max-gpus {args.max_gpus}: use 8 or more (GPU counts planned: 8, 16, ... up to it)")
     start = time.perf_counter()
     rows = run(models, args.max_gpus)
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    with open(RESULTS_DIR / "scaling.csv", "w", newline="") as f:
+    with replacing(RESULTS_DIR / "scaling.csv", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS)
         writer.writeheader()
         writer.writerows(rows)

@@ -223,3 +223,18 @@ def test_every_benchmark_rejects_bad_input_in_one_line(capsys, monkeypatch):
     from hybridpar.commands.bench import available
 
     assert covered == set(available())
+
+
+def test_results_are_replaced_whole_or_not_at_all(tmp_path):
+    from benchmarks.results_io import replacing
+
+    target = tmp_path / "r.csv"
+    target.write_text("old\n")
+    with pytest.raises(RuntimeError):
+        with replacing(target) as f:
+            f.write("half")
+            raise RuntimeError("crash while writing")
+    assert target.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["r.csv"]
+    with replacing(target, newline="") as f:
+        f.write("new\n")
+    assert target.read_text() == "new\n" and oct(target.stat().st_mode & 0o777) == "0o644"
