@@ -4,6 +4,7 @@ Not a benchmark itself (bench --list skips names starting with '_')."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -89,3 +90,25 @@ def int_list(parser: argparse.ArgumentParser, flag: str, text: str, allowed=None
 def _alternatives(values) -> str:
     words = [str(v) for v in values]
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
+
+
+# fp32 weights and gradients, Adam's two moments: what one training copy of a parameter holds.
+TRAINING_BYTES_PER_PARAM = 16
+
+
+def check_fits_in_memory(parser: argparse.ArgumentParser, model: str, copies: int) -> None:
+    """``parser.error`` unless ``copies`` whole training copies of ``model`` (summed over the
+    benchmark's ranks and variants) fit in half of this machine's RAM: a model for GPUs (llama3-8b)
+    would otherwise be launched on CPU ranks and killed for memory minutes later."""
+    from topology.models import ModelSpecError, load_model
+
+    try:
+        spec = load_model(model)
+    except ModelSpecError as err:
+        parser.error(f"--model {model}: {err}")
+    need = TRAINING_BYTES_PER_PARAM * spec.total_params * copies
+    ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    if need > ram / 2:
+        parser.error(f"--model {model}: {copies} training copies of its {spec.total_params / 1e6:,.1f}M parameters "
+                     f"need {need / 2**30:,.0f} GiB ({TRAINING_BYTES_PER_PARAM} bytes each: fp32 weights, gradients, "
+                     f"Adam), over half of this machine's {ram / 2**30:.0f} GiB; use a CPU model such as tiny or tiny-deep")

@@ -23,7 +23,7 @@ from topology.stages import params_per_rank
 from topology.traffic import cost_model_bytes, dp_ring_lower_bound, runtime_bytes
 
 from benchmarks import _dist
-from benchmarks._cli import BenchParser, positive_float, positive_int
+from benchmarks._cli import BenchParser, check_fits_in_memory, positive_float, positive_int
 from benchmarks._jobs import Layout, make_job, make_plan
 from benchmarks.results_io import RESULTS_DIR, replacing, write_result
 
@@ -172,6 +172,8 @@ def check_layouts(p: BenchParser, args) -> list[str]:
             make_plan(layout, model=args.model)
         except ValueError as err:
             p.error(f"--layouts {name} with --model {args.model}: {err}")
+    # One layout at a time; each holds a whole training copy per DP x CP rank group.
+    check_fits_in_memory(p, args.model, max(Layout.parse(n).dp * Layout.parse(n).cp for n in names))
     return names
 
 
@@ -191,7 +193,8 @@ def main(argv=None) -> int:
         path = RESULTS_DIR / "comm.json"
         result = replan(json.loads(path.read_text()))
         result["replanned"] = "planner columns recomputed by `hybridpar bench comm --replan`"
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        with replacing(path) as f:
+            f.write(json.dumps(result, indent=2) + "\n")
         write_csv(result["rows"])
         print_table(result["rows"])
         return 0

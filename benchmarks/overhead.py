@@ -21,7 +21,7 @@ import sys
 import time
 
 from benchmarks import _dist
-from benchmarks._cli import BenchParser, int_list, nonnegative_int, positive_int
+from benchmarks._cli import BenchParser, check_fits_in_memory, int_list, nonnegative_int, positive_int
 from benchmarks._jobs import Layout, make_job, make_plan
 from benchmarks.results_io import write_result
 
@@ -136,6 +136,9 @@ def main(argv=None) -> int:
                 make_plan(layout, model=args.model)
         except ValueError as err:
             p.error(f"--model {args.model} at world {world}: {err}")
+    # Whole-model copies held at once: every DP replica of each variant (DP only: ZeRO 0, ZeRO 1
+    # twice and DDP; world 8: two replicas of hybridpar's job and of the hand loop's).
+    check_fits_in_memory(p, args.model, max(4 * w if w != 8 else 2 * 2 for w in worlds))
     if args.worker:
         worker(args.worker, args.world, args.rounds, args.steps, args.warmup, args.profile_steps, args.model)
         return 0

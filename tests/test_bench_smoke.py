@@ -238,3 +238,16 @@ def test_results_are_replaced_whole_or_not_at_all(tmp_path):
     with replacing(target, newline="") as f:
         f.write("new\n")
     assert target.read_text() == "new\n" and oct(target.stat().st_mode & 0o777) == "0o644"
+
+
+@pytest.mark.parametrize("name", ["overhead", "comm"])
+def test_a_gpu_sized_model_is_refused_before_launch(name, capsys, monkeypatch):
+    import importlib
+
+    from benchmarks import _dist
+
+    monkeypatch.setattr(_dist, "torchrun", lambda *a, **k: pytest.fail("launched"))
+    with pytest.raises(SystemExit) as done:
+        importlib.import_module(f"benchmarks.{name}").main(["--model", "llama3-8b"])
+    err = capsys.readouterr().err.strip()
+    assert done.value.code == 2 and err.count("\n") == 0 and "use a CPU model such as tiny" in err, err
