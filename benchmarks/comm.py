@@ -156,6 +156,7 @@ def check_layouts(p: BenchParser, args) -> list[str]:
     names = [n.strip() for n in args.layouts.split(",")]
     if any(not n for n in names):
         p.error(f"--layouts {args.layouts!r}: give comma-separated layouts without empty entries, e.g. tp2_pp2_dp2_z1")
+    layouts = []
     for name in names:
         if names.count(name) > 1:
             p.error(f"--layouts: {name} is given twice; name each layout once")
@@ -163,6 +164,7 @@ def check_layouts(p: BenchParser, args) -> list[str]:
             layout = Layout.parse(name)
         except ValueError as err:
             p.error(f"--layouts: {err}")
+        layouts.append(layout)
         if layout.zero not in (0, 1, 2):
             p.error(f"--layouts: {name}: z{layout.zero} is not run here; use z0, z1 or z2 (no ZeRO-3 in this runtime)")
         if not args.worker and not args.replan and layout.world != args.nproc:
@@ -173,7 +175,7 @@ def check_layouts(p: BenchParser, args) -> list[str]:
         except ValueError as err:
             p.error(f"--layouts {name} with --model {args.model}: {err}")
     # One layout at a time; each holds a whole training copy per DP x CP rank group.
-    check_fits_in_memory(p, args.model, max(Layout.parse(n).dp * Layout.parse(n).cp for n in names))
+    check_fits_in_memory(p, args.model, max(layout.dp * layout.cp for layout in layouts))
     return names
 
 

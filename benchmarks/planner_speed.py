@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks._cli import BenchParser
+from benchmarks._cli import BenchParser, positive_int
 from benchmarks.results_io import write_result
 
 REPO = Path(__file__).resolve().parents[1]
@@ -27,10 +27,8 @@ def command(gpus: int) -> list[str]:
 
 def main(argv=None) -> int:
     parser = BenchParser("planner_speed", description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=positive_int, default=5)
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error(f"--repeats {args.repeats}: must be at least 1")
     rows = []
     for gpus in GPUS:
         cmd = command(gpus)

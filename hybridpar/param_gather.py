@@ -111,14 +111,12 @@ class DeferredParamGather:
             if len(whole) > 1:  # several whole groups: one all-gather for all of them
                 works.append(_PackedGather([flats[i] for i in whole], [int(self.opt.partition_size[i]) for i in whole],
                                            me, len(self.ranks), self.group))
+            elif whole:  # in place: this rank's partition is a view of the output
+                size = int(self.opt.partition_size[whole[0]])
+                mine = flats[whole[0]][me * size:(me + 1) * size]
+                works.append(dist.all_gather_into_tensor(flats[whole[0]], mine, group=self.group, async_op=True))
             for i, start, stop, owner in sends:
-                if owner is None:
-                    if len(whole) > 1:
-                        continue
-                    size = int(self.opt.partition_size[i])  # in place: this rank's partition is a view of the output
-                    mine = flats[i][me * size:(me + 1) * size]
-                    works.append(dist.all_gather_into_tensor(flats[i], mine, group=self.group, async_op=True))
-                else:
+                if owner is not None:
                     works.append(dist.broadcast(flats[i][start:stop], src=self.ranks[owner], group=self.group,
                                                 async_op=True))
             self._work[b] = works

@@ -322,9 +322,9 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
         # reductions outlast the time from the first pipeline rank's first backward to the end of
         # the step, and at least its last bucket.
         n = plan.grad_accum
-        if not sw.overlap_grad_reduce:
-            return n * grad + gathered(gather)
-        window = max(bwd_mb, after_first_backward(n, nic_free_mb, fwd_mb, plan.pp, plan.vpp))
+        window = 0.0  # not overlapped: every reduction exposed
+        if sw.overlap_grad_reduce:
+            window = max(bwd_mb, after_first_backward(n, nic_free_mb, fwd_mb, plan.pp, plan.vpp))
         return max(n * grad - window, reduced(grad)) + gathered(gather)
     # ZeRO-1, and hybridpar's ZeRO-2 (one reduction of the full accumulated gradients per step,
     # engine.py _defer_zero2_reduction): reduced once, then the updated weights gathered.
