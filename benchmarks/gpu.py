@@ -23,15 +23,16 @@ from topology.cost import model_flops_per_seq, step_cost
 from topology.hardware import get_gpu
 from topology.models import ModelSpec
 from topology.plan import Plan
-from topology.software import HYBRIDPAR
+from topology.software import GRAD_ADD_CAST_COPY, HYBRIDPAR
 
 from benchmarks._cli import BenchParser, nonnegative_int, positive_int
 from benchmarks.results_io import write_result
 
 MODEL = ModelSpec(layers=20, hidden=2048, ffn_hidden=5632, heads=16, kv_heads=8, vocab=32000, name="llama-1b")
 # What hybridpar's runtime runs today (hybridpar/model.py): torch SDPA attention (FlashAttention on
-# CUDA, hybridpar/attention.py) but no gradient-accumulation fusion (needs apex or TransformerEngine).
-RUNTIME_SOFTWARE = replace(HYBRIDPAR, fused_grad_accum=False)
+# CUDA, hybridpar/attention.py) but no gradient-accumulation fusion (needs apex or TransformerEngine):
+# autograd casts each bf16 weight gradient to fp32 (Tensor.grad_dtype), then adds it.
+RUNTIME_SOFTWARE = replace(HYBRIDPAR, grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY)
 
 
 def catalogue_name(device_name: str, memory_gib: float) -> str:

@@ -11,8 +11,6 @@ KNOWN_MISSES = {
     "llama3-405b-t4-3": "predicted high: at 128K, 57% of Megatron-convention FLOPs are attention; no term "
                         "found for the gap (CP K/V all-gather is 4% of the step under GQA)",
     "narayanan21-t1-76.1B": "predicted high by 19%: no physical term found for the gap",
-    "bloom-176b-production": "predicted high by 16% after DeepSpeed's blocking p2p, fp32 all-reduce and "
-                             "tied-embedding sync: remaining DeepSpeed pipeline-engine overheads not modelled",
 }
 
 

@@ -175,3 +175,27 @@ def test_zero_group_of_cp_ranks_inside_a_node_runs_on_nvlink():
     inside = step_cost(plan).dp_s
     across = step_cost(replace(plan, gpus_per_node=4)).dp_s
     assert 0 < inside < across / 5
+
+
+def test_unfused_gradient_accumulation_costs_its_bytes_every_micro_batch():
+    from dataclasses import replace
+
+    from topology.cost import hbm_time
+    from topology.software import DEEPSPEED_BF16_PIPE, GRAD_ADD_CAST_COPY, GRAD_ADD_MIXED, MEGATRON_2021
+    from topology.stages import params_per_rank, stages
+    # BLOOM's layout: DeepSpeed's BF16_Optimizer casts each bf16 gradient to an fp32 temporary
+    # before adding it (18 B/param), Megatron-LM 2021 adds with an on-the-fly cast (10 B/param).
+    m = ModelSpec(70, 14336, 57344, 112, 112, 250880, "gelu", "bloom", tied_embeddings=True)
+    plan = Plan(m, 2048, 2048, tp=4, pp=12, dp=8, micro_batch=2, zero_stage=1, recompute="full",
+                gpu="a100-80gb", lighter_end_stages=True)
+    a100 = get_gpu("a100-80gb")
+    n_params = max(params_per_rank(plan, s) for s in stages(plan))
+    fused = step_cost(plan, replace(DEEPSPEED_BF16_PIPE, grad_accum_bytes_per_param=0), a100)
+    for sw, nbytes in [(DEEPSPEED_BF16_PIPE, GRAD_ADD_CAST_COPY), (MEGATRON_2021, GRAD_ADD_MIXED)]:
+        assert sw.grad_accum_bytes_per_param == nbytes
+    cast_copy = step_cost(plan, DEEPSPEED_BF16_PIPE, a100)
+    per_mb = hbm_time(18 * n_params, a100)
+    # every micro-batch pays it, and the pipeline's fill and drain stretch with the longer backward
+    expected = (plan.grad_accum + (plan.pp - 1) / plan.vpp) * per_mb
+    assert cast_copy.step_time_s - fused.step_time_s == pytest.approx(expected, rel=0.05)
+    assert 5.0 < expected < 6.5  # 4.0B parameters on an end stage, 128 micro-batches + 11 of fill and drain

@@ -11,6 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 
+GRAD_ADD_MIXED = 10  # read 2 (16-bit gradient) + read 4 + write 4 (fp32 buffer)
+GRAD_ADD_CAST_COPY = 18  # cast: read 2 + write 4; add: read 4 + read 4 + write 4
+
+
 @dataclass(frozen=True)
 class Software:
     # FlashAttention: scores never stored, masked (causal) blocks skipped. Without it the
@@ -30,10 +34,17 @@ class Software:
     overlap_p2p: bool = True
     # Gradients reduced in fp32 (Llama 3: "FP32 gradient accumulation and reduce-scatter").
     fp32_grads: bool = False
-    # Weight gradients accumulate into the fp32 main-grad buffer inside the GEMM epilogue
-    # (megatron-core gradient_accumulation_fusion). False: a separate memory-bound add per
-    # micro-batch reads the 16-bit gradient and reads and writes the fp32 buffer (10 B/param).
-    fused_grad_accum: bool = True
+    # HBM bytes per parameter and micro-batch spent adding the 16-bit weight gradient into the
+    # fp32 accumulation buffer outside the GEMM. 0: the GEMM epilogue accumulates into the fp32
+    # main grad (megatron-core gradient_accumulation_fusion). GRAD_ADD_MIXED (10): one add that
+    # casts on the fly, reading the 16-bit gradient and reading and writing the fp32 buffer
+    # (Megatron-LM 2021: main_grad.add_(grad)). GRAD_ADD_CAST_COPY (18): the gradient is first
+    # cast into an fp32 temporary (read 2, write 4), then added (read 4 + 4, write 4): DeepSpeed's
+    # BF16_Optimizer.update_hp_grads, hp_grad.add_(lp.grad.to(hp_grad.dtype)), after every
+    # micro-batch's backward (runtime/pipe/engine.py _exec_backward_pass; the same code since
+    # the optimizer was written for BLOOM), and torch autograd with Tensor.grad_dtype = float32
+    # (hybridpar/engine.py _fp32_grad_accumulation), which casts each incoming gradient first.
+    grad_accum_bytes_per_param: int = 0
     # Each pipeline send and receive is its own blocking call, so the four transfers a stage
     # makes per micro-batch (receive activation, send activation, receive gradient, send
     # gradient) run one after another instead of as two paired send+receive exchanges
@@ -102,11 +113,12 @@ MEGATRON_CORE = replace(HYBRIDPAR, zero2_reduce_once=False, zero_stages=(0, 1, 2
 # Its linear layers all-reduce the input gradient synchronously (the async all-reduce came with
 # megatron-core), and it splits pipeline messages over TP (scatter/gather, Narayanan et al. §4.1).
 MEGATRON_2021 = Software(flash_attention=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
-                         overlap_p2p=False, fused_grad_accum=False, tp_bwd_overlap=False, p2p_scatter_gather=True)
+                         overlap_p2p=False, grad_accum_bytes_per_param=GRAD_ADD_MIXED, tp_bwd_overlap=False, p2p_scatter_gather=True)
 # BLOOM's Megatron-DeepSpeed (bigscience tr11-176B-ml): the 2021 Megatron layers driven by
 # DeepSpeed's PipelineEngine and BF16_Optimizer, which "accumulates grads in fp32. It doesn't shard
 # the static fp32 buffer" (formulas.md §3) and all-reduces those fp32 gradients.
 # PipelineEngine also splits activations and gradients over the model-parallel ranks
 # (runtime/pipe/engine.py is_pipe_partitioned / is_grad_partitioned, on by default), so
 # p2p_scatter_gather stays True.
-DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, fp32_grads=True, blocking_p2p=True, full_grad_allreduce=True)
+DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, fp32_grads=True, blocking_p2p=True, full_grad_allreduce=True,
+                              grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY)
