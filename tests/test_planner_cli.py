@@ -135,3 +135,59 @@ def test_model_file_yaml(tmp_path, capsys):
     code = main(["plan", "--model", str(path), "--gpus", "8", "--seq-len", "2048", "--global-batch", "16", "--json"])
     assert code == 0
     assert json.loads(capsys.readouterr().out)["plans"]
+
+
+def test_published_layouts_evaluate_from_the_command_line_with_their_software(capsys, tmp_path):
+    """A user can ask the CLI what a published pre-2022 layout does on the stack it ran on: the
+    Narayanan et al. 2021 runs under --software megatron-lm-2021 (no sequence parallelism, no
+    ZeRO) and BLOOM under --software deepspeed-pipe-bf16 with Jean Zay's 50 Gbit/s per GPU give
+    exactly what tests/test_planner_cases.py checks against the reported throughput."""
+    from topology.cases import CASES_PATH, load_cases, predict_case
+
+    if not CASES_PATH.is_file():
+        pytest.skip("no published cases file")
+    cases = [c for c in load_cases() if not c["id"].startswith("llama3")]
+    assert len(cases) == 11
+    for case in cases:
+        chosen = predict_case(case).plan
+        model = tmp_path / f"{case['id']}.json"
+        model.write_text(json.dumps({k: case[k] for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads",
+                                                           "vocab", "mlp")} | {"name": case["id"], "tied_embeddings": True}))
+        bloom = case["id"].startswith("bloom")
+        argv = ["--model", str(model), "--gpus", str(case["num_gpus"]), "--gpu", "a100-80gb",
+                "--seq-len", str(case["seq_len"]), "--global-batch", str(case["global_batch_seqs"]),
+                "--precision", "bf16" if bloom else "fp16", "--json",
+                "--software", "deepspeed-pipe-bf16" if bloom else "megatron-lm-2021"]
+        for flag, value in [("tp", chosen.tp), ("pp", chosen.pp), ("cp", chosen.cp), ("dp", chosen.dp),
+                            ("micro-batch", chosen.micro_batch), ("vpp", chosen.vpp), ("zero", chosen.zero_stage),
+                            ("recompute", chosen.recompute)]:
+            argv += [f"--{flag}", str(value)]
+        if bloom:
+            argv += ["--network-gbit", "50"]
+        code, out, err = run(argv, capsys)
+        assert code == 0, err
+        plan = json.loads(out)["plans"][0]
+        want = predict_case(case).cost
+        assert plan["mfu"] == pytest.approx(want.mfu, abs=5e-5), case["id"]  # the JSON rounds to 4 places
+        assert plan["step_time_s"] == pytest.approx(want.step_time_s, rel=1e-4), case["id"]
+
+
+def test_older_stacks_plan_without_what_they_lacked(capsys):
+    """Megatron-LM 2021 has neither ZeRO, sequence parallelism nor selective recomputation;
+    DeepSpeed's pipeline engine (over those layers) runs ZeRO 0-1 in bf16 only: the search keeps to
+    that, and pins outside it are refused in one line."""
+    argv = ["--model", "gpt3-175b", "--gpus", "1024", "--gpu", "a100-80gb", "--seq-len", "2048",
+            "--global-batch", "1536", "--json", "--top", "50"]
+    code, out, _ = run([*argv, "--software", "megatron-lm-2021"], capsys)
+    plans = json.loads(out)["plans"]
+    assert code == 0 and plans and all(p["zero_stage"] == 0 and p["recompute"] != "selective" for p in plans)
+    mine = json.loads(run(argv, capsys)[1])["plans"]
+    assert mine[0]["mfu"] > plans[0]["mfu"]  # FlashAttention, SP and overlap against the 2021 stack
+    code, out, _ = run([*argv, "--software", "deepspeed-pipe-bf16"], capsys)
+    assert code == 0 and {p["zero_stage"] for p in json.loads(out)["plans"]} <= {0, 1}
+    for bad, words in [(["--software", "megatron-lm-2021", "--zero", "1"], "ZeRO-1 is not part of Megatron-LM 2021"),
+                       (["--software", "deepspeed-pipe-bf16", "--recompute", "selective"], "recompute selective is not part"),
+                       (["--software", "deepspeed-pipe-bf16", "--precision", "fp16"], "use --precision bf16"),
+                       (["--network-gbit", "0"], "--network-gbit must be a positive")]:
+        code, out, err = run([*argv, *bad], capsys)
+        assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err

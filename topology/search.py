@@ -11,14 +11,14 @@ recomputation; any may be pinned. Pruning keeps a full 16,384-GPU search well un
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .cost import StepCost, step_cost
 from .hardware import GIB, GPU, get_gpu
 from .memory import StageMemory, plan_memory
 from .models import ModelSpec
 from .plan import RECOMPUTE_MODES, Plan, PlanError
-from .software import HYBRIDPAR, Software
+from .software import HYBRIDPAR, PROFILES, Software
 from .stages import params_per_rank, stages
 
 AXES = ("tp", "cp", "pp", "dp", "micro_batch", "vpp", "zero_stage", "recompute")
@@ -79,6 +79,13 @@ class Request:
     precision: str = "bf16"
     pins: dict = field(default_factory=dict)  # axis -> value, axes as in AXES
     software: Software = HYBRIDPAR
+    # Scale-out NIC bandwidth per GPU per direction, GB/s, where the cluster differs from the
+    # GPU catalogue's DGX-style default (e.g. BLOOM's Jean Zay: 4 x 100 Gb/s per 8 GPUs).
+    network_gbps: float | None = None
+
+    def hardware(self) -> GPU:
+        gpu = get_gpu(self.gpu)
+        return gpu if self.network_gbps is None else replace(gpu, network_gbps=self.network_gbps)
 
 
 def _divisors(n: int) -> list[int]:
@@ -102,15 +109,21 @@ def _base_plan(req: Request, **kw) -> Plan:
 
 
 def search(req: Request, top: int = 5) -> SearchResult:
-    gpu = get_gpu(req.gpu)
+    gpu = req.hardware()
     m, n, sw = req.model, req.gpus, req.software
     zero = req.pins.get("zero_stage")
     if zero is not None and zero not in sw.zero_stages:
-        raise PlanError(f"ZeRO-{zero} is not part of hybridpar's runtime (it runs ZeRO "
-                        f"{', '.join(map(str, sw.zero_stages))}): pin one of those, or plan for megatron-core "
-                        f"with --software megatron-core")
+        others = [o.name for o in PROFILES.values() if zero in o.zero_stages]
+        raise PlanError(f"ZeRO-{zero} is not part of {sw.label} (it runs ZeRO "
+                        f"{', '.join(map(str, sw.zero_stages))}): pin one of those, or plan for "
+                        f"{' or '.join(others)} with --software")
+    recompute = req.pins.get("recompute")
+    if recompute is not None and recompute not in sw.recompute_modes:
+        raise PlanError(f"recompute {recompute} is not part of {sw.label} (it offers "
+                        f"{', '.join(sw.recompute_modes)}): pin one of those")
     if all(a in req.pins for a in AXES):
-        plan = _base_plan(req, **{a: req.pins[a] for a in AXES}, sequence_parallel=req.pins["tp"] > 1)
+        plan = _base_plan(req, **{a: req.pins[a] for a in AXES},
+                          sequence_parallel=req.pins["tp"] > 1 and sw.sequence_parallel)
         plan = _with_split(plan)
         problems = plan.violations() + _layout_problems(plan, n, req.gpus_per_node)
         if problems:
@@ -166,7 +179,8 @@ def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, r
     even = m.layers % pp == 0
     if pp > 1 and not even and (m.layers + 2) % pp:
         return reject(f"layers {m.layers} (or {m.layers + 2} with lighter end stages) not divisible by pp {pp}")
-    probe = _with_split(_base_plan(req, tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=3, sequence_parallel=tp > 1))
+    probe = _with_split(_base_plan(req, tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=3,
+                                   sequence_parallel=tp > 1 and req.software.sequence_parallel))
     floor = max(16 * params_per_rank(probe, s) for s in stages(probe)) / probe.zero_group
     if floor > cap:
         over = f"DP={dp}" if cp == 1 else f"DP x CP = {dp} x {cp}"
@@ -176,8 +190,10 @@ def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, r
     per_replica = req.global_batch // dp
     mbs = _choices(req, "micro_batch", [b for b in _divisors(per_replica) if b <= MAX_MICRO_BATCH])
     # ZeRO shards over DP x CP (the CP ranks hold the same weights); with neither there is nothing to shard.
-    zeros = [z for z in _choices(req, "zero_stage", [0] if dp * cp == 1 else [1, 2, 3]) if z in req.software.zero_stages]
-    recomputes = _choices(req, "recompute", list(RECOMPUTE_MODES))
+    # A stack without ZeRO (Megatron-LM 2021) replicates the optimizer whatever DP is.
+    sharded = [z for z in (1, 2, 3) if z in req.software.zero_stages] or [0]
+    zeros = [z for z in _choices(req, "zero_stage", [0] if dp * cp == 1 else sharded) if z in req.software.zero_stages]
+    recomputes = _choices(req, "recompute", [r for r in RECOMPUTE_MODES if r in req.software.recompute_modes])
     best_miss = None
     found = False
     for mb in mbs:
@@ -222,7 +238,8 @@ def _first_fit(req, gpu, result, tp, cp, pp, dp, mb, v, zero, recomputes):
     for rc in recomputes:
         result.examined += 1
         plan = _with_split(_base_plan(req, tp=tp, cp=cp, pp=pp, dp=dp, vpp=v, micro_batch=mb,
-                                      zero_stage=zero, recompute=rc, sequence_parallel=tp > 1))
+                                      zero_stage=zero, recompute=rc,
+                                      sequence_parallel=tp > 1 and req.software.sequence_parallel))
         problems = plan.violations()
         if problems:
             return problems[0]
@@ -239,7 +256,7 @@ def _first_fit(req, gpu, result, tp, cp, pp, dp, mb, v, zero, recomputes):
 
 
 def no_plan_message(req: Request, result: SearchResult) -> str:
-    gpu = get_gpu(req.gpu)
+    gpu = req.hardware()
     memory = [r for r in result.rejected if r.need_bytes]
     if memory:
         tight = min(memory, key=lambda r: r.need_bytes)

@@ -17,6 +17,12 @@ GRAD_ADD_CAST_COPY = 18  # cast: read 2 + write 4; add: read 4 + read 4 + write 
 
 @dataclass(frozen=True)
 class Software:
+    # What `hybridpar plan --software NAME` calls it, and how errors name it.
+    name: str = "hybridpar"
+    label: str = "hybridpar's runtime"
+    # Sequence parallelism (Korthikanti et al. 2022) exists in the stack: with TP > 1 the planner
+    # uses it (megatron-core, hybridpar). Megatron-LM 2021 had none.
+    sequence_parallel: bool = True
     # FlashAttention: scores never stored, masked (causal) blocks skipped. Without it the
     # s x s scores are written to HBM and softmax/dropout run as memory-bound kernels.
     flash_attention: bool = True
@@ -85,6 +91,9 @@ class Software:
     zero2_reduce_once: bool = False
     # ZeRO stages the software runs (hybridpar's runtime refuses ZeRO-3: hybridpar/recipe.py).
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    # Activation recomputation modes it offers (selective recomputation came with sequence
+    # parallelism in 2022, Korthikanti et al.).
+    recompute_modes: tuple[str, ...] = ("none", "selective", "full")
     # Forward TP collectives are never overlapped: megatron-core runs them synchronously unless
     # Transformer Engine's userbuffers are set up, which hybridpar does not do.
 
@@ -105,14 +114,18 @@ HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1,
 # requires gradient accumulation and all-reduce to be done in fp32") unless --grad-reduce-in-bf16,
 # and NeMo 2's bf16_mixed() precision plugin sets grad_reduce_in_fp32=True; megatron-core's
 # DistributedDataParallelConfig then keeps an fp32 main-grad buffer.
-MEGATRON_CORE = replace(HYBRIDPAR, zero2_reduce_once=False, zero_stages=(0, 1, 2, 3))
+MEGATRON_CORE = replace(HYBRIDPAR, name="megatron-core", label="megatron-core", zero2_reduce_once=False,
+                        zero_stages=(0, 1, 2, 3))
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
 # DP all-reduce after the pipeline flush, blocking pipeline sends.
 # Gradient accumulation fusion came later (2022), so main grads are added by a separate kernel.
 # Its linear layers all-reduce the input gradient synchronously (the async all-reduce came with
 # megatron-core), and it splits pipeline messages over TP (scatter/gather, Narayanan et al. §4.1).
-MEGATRON_2021 = Software(flash_attention=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
+# No ZeRO: its distributed optimizer came in 2022.
+MEGATRON_2021 = Software(name="megatron-lm-2021", label="Megatron-LM 2021", sequence_parallel=False, zero_stages=(0,),
+                         recompute_modes=("none", "full"),
+                         flash_attention=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
                          overlap_p2p=False, grad_accum_bytes_per_param=GRAD_ADD_MIXED, tp_bwd_overlap=False, p2p_scatter_gather=True)
 # BLOOM's Megatron-DeepSpeed (bigscience tr11-176B-ml): the 2021 Megatron layers driven by
 # DeepSpeed's PipelineEngine and BF16_Optimizer, which "accumulates grads in fp32. It doesn't shard
@@ -120,5 +133,12 @@ MEGATRON_2021 = Software(flash_attention=False, dropout=True, overlap_grad_reduc
 # PipelineEngine also splits activations and gradients over the model-parallel ranks
 # (runtime/pipe/engine.py is_pipe_partitioned / is_grad_partitioned, on by default), so
 # p2p_scatter_gather stays True.
-DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, fp32_grads=True, blocking_p2p=True, full_grad_allreduce=True,
+# PipelineEngine refuses ZeRO-2 and 3; BF16_Optimizer shards the fp32 optimizer state over DP (ZeRO-1).
+DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, name="deepspeed-pipe-bf16",
+                              label="DeepSpeed's pipeline engine with BF16_Optimizer", zero_stages=(0, 1),
+                              fp32_grads=True, blocking_p2p=True, full_grad_allreduce=True,
                               grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY)
+
+# `hybridpar plan --software NAME`: plan for hybridpar's runtime (default) or evaluate a layout
+# under the stack a published run used.
+PROFILES = {sw.name: sw for sw in (HYBRIDPAR, MEGATRON_CORE, MEGATRON_2021, DEEPSPEED_BF16_PIPE)}

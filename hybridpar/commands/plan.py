@@ -10,16 +10,18 @@ from topology.hardware import CATALOGUE, GIB, HardwareError, get_gpu
 from topology.models import load_model
 from topology.plan import PRECISIONS, RECOMPUTE_MODES
 from topology.search import Request, search
-from topology.software import HYBRIDPAR, MEGATRON_CORE
+from topology.software import PROFILES
 
 from ..errors import UsageError
 
 HELP = "plan the TP x CP x PP x DP layout of a model on N GPUs (DP outermost), ranked by step time"
 
 DEFAULT_TOKENS = 16 * 1024 * 1024  # Llama 3's 16M-token batch (Table 4)
-# What runs the plan: hybridpar's own runtime (default), or megatron-core's stack (distributed
-# optimizer with the DP reduction overlapped, classic ZeRO-2, fp32 gradient reduction).
-SOFTWARE = {"hybridpar": HYBRIDPAR, "megatron-core": MEGATRON_CORE}
+# What runs the plan: hybridpar's own runtime (default); megatron-core's stack (distributed
+# optimizer with the DP reduction overlapped, classic ZeRO-2, fp32 gradient reduction); or, to
+# evaluate an older published layout, Megatron-LM 2021 or DeepSpeed's pipeline engine
+# (topology/software.py says what each does).
+SOFTWARE = PROFILES
 PINS = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "micro_batch": "micro_batch", "vpp": "vpp",
         "zero": "zero_stage", "recompute": "recompute"}
 
@@ -42,7 +44,11 @@ def add_arguments(p):
         p.add_argument(f"--{axis}", type=int, help=f"pin {axis}")
     p.add_argument("--recompute", choices=list(RECOMPUTE_MODES), help="pin activation recomputation")
     p.add_argument("--software", choices=list(SOFTWARE), default="hybridpar",
-                   help="the training software the plan is for (default hybridpar: its own runtime)")
+                   help="the training software the plan is for (default hybridpar: its own runtime; "
+                   "megatron-core; megatron-lm-2021 and deepspeed-pipe-bf16 to evaluate older published layouts)")
+    p.add_argument("--network-gbit", type=float,
+                   help="scale-out network per GPU and direction, Gbit/s (default: the GPU's catalogue "
+                   "node, 400 for H100/H200/H800, 200 for A100)")
     p.add_argument("--top", type=int, default=5, help="plans to show (default 5)")
     p.add_argument("--json", action="store_true", help='print {"plans": [...], "rejected": [...]}')
 
@@ -87,6 +93,12 @@ def build_request(args) -> tuple[Request, int]:
         value = getattr(args, key)
         if value is not None and value < 1:
             raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
+    if args.network_gbit is not None and not args.network_gbit > 0:
+        raise UsageError(f"--network-gbit must be a positive number of Gbit/s per GPU, got {args.network_gbit}")
+    software = SOFTWARE[getattr(args, "software", "hybridpar")]
+    if software.name == "deepspeed-pipe-bf16" and args.precision != "bf16":
+        raise UsageError(f"--software deepspeed-pipe-bf16 models DeepSpeed's BF16_Optimizer; use --precision bf16, "
+                         f"not {args.precision}")
     if args.zero is not None and args.zero not in (0, 1, 2, 3):
         raise UsageError(f"--zero must be 0, 1, 2 or 3, got {args.zero}")
     try:
@@ -120,7 +132,8 @@ def build_request(args) -> tuple[Request, int]:
                          f"{pins['dp']} x {pins['micro_batch']}")
     req = Request(model=model, gpus=args.gpus, global_batch=seqs, seq_len=args.seq_len, gpu=gpu.name,
                   gpus_per_node=per_node, precision=args.precision, pins=pins,
-                  software=SOFTWARE[getattr(args, "software", "hybridpar")])
+                  software=software,
+                  network_gbps=None if args.network_gbit is None else args.network_gbit / 8)
     return req, args.top
 
 
@@ -136,7 +149,7 @@ def run(args) -> int:
 
 
 def render(req: Request, result) -> str:
-    gpu = get_gpu(req.gpu)
+    gpu = req.hardware()
     lines = [f"{req.model.name} on {req.gpus} x {gpu.name} ({req.gpus_per_node} per node), seq {req.seq_len}, "
              f"global batch {req.global_batch} seqs = {req.global_batch * req.seq_len:,} tokens, {req.precision}; "
              f"{result.examined} configurations examined, {result.evaluated} fit and were costed"]
