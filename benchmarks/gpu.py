@@ -17,22 +17,21 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from dataclasses import replace
 
 from topology.cost import model_flops_per_seq, step_cost
 from topology.hardware import get_gpu
 from topology.models import ModelSpec
 from topology.plan import Plan
-from topology.software import GRAD_ADD_CAST_COPY, HYBRIDPAR
+from topology.software import HYBRIDPAR, MEGATRON_CORE
 
 from benchmarks._cli import BenchParser, nonnegative_int, positive_int
 from benchmarks.results_io import write_result
 
 MODEL = ModelSpec(layers=20, hidden=2048, ffn_hidden=5632, heads=16, kv_heads=8, vocab=32000, name="llama-1b")
-# What hybridpar's runtime runs today (hybridpar/model.py): torch SDPA attention (FlashAttention on
-# CUDA, hybridpar/attention.py) but no gradient-accumulation fusion (needs apex or TransformerEngine):
-# autograd casts each bf16 weight gradient to fp32 (Tensor.grad_dtype), then adds it.
-RUNTIME_SOFTWARE = replace(HYBRIDPAR, grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY)
+# The planner's profile of hybridpar's runtime (topology/software.py HYBRIDPAR: torch SDPA
+# attention, FlashAttention on CUDA; no gradient-accumulation fusion, autograd casts each bf16
+# weight gradient to fp32 and adds it), and megatron-core's, whose GEMMs accumulate into fp32.
+PREDICTIONS = (("planner_hybridpar", HYBRIDPAR), ("planner_megatron_core_fused", MEGATRON_CORE))
 
 
 def catalogue_name(device_name: str, memory_gib: float) -> str:
@@ -102,8 +101,7 @@ def main(argv=None) -> int:
     flops = plan.global_batch * model_flops_per_seq(MODEL, plan.seq_len)
     tflops = flops / step_s / 1e12
     peak = gpu.peak_tflops("bf16")
-    predicted = {name: step_cost(plan, sw=sw) for name, sw in (("planner_default", HYBRIDPAR),
-                                                               ("planner_runtime_profile", RUNTIME_SOFTWARE))}
+    predicted = {name: step_cost(plan, sw=sw) for name, sw in PREDICTIONS}
     result = {
         "device": props.name, "catalogue_gpu": gpu_key, "peak_bf16_tflops": peak,
         "model": MODEL.to_dict(), "params": sum(p.numel() for c in job.chunks for p in c.parameters()),

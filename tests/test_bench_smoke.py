@@ -147,15 +147,16 @@ def test_paired_ratios_and_spread():
 
 
 def test_gpu_benchmark_model_is_about_1b_and_planned():
-    from benchmarks.gpu import MODEL, RUNTIME_SOFTWARE, catalogue_name, make_plan
+    from benchmarks.gpu import MODEL, PREDICTIONS, catalogue_name, make_plan
 
     plan = make_plan("h200-141gb", 2048, 2, 16)
     assert not plan.violations()
     assert 1.0e9 < params_per_rank(plan, stages(plan)[0]) < 1.15e9
     assert catalogue_name("NVIDIA H200", 140) == "h200-141gb"
     assert catalogue_name("NVIDIA A100-SXM4-40GB", 40) == "a100-40gb"
-    # the runtime's unfused attention is predicted slower than the planner's FlashAttention default
-    assert step_cost(plan, sw=RUNTIME_SOFTWARE).step_time_s > step_cost(plan).step_time_s
+    # hybridpar's cast-then-add gradient accumulation is predicted slower than megatron-core's fused one
+    runtime, fused = (step_cost(plan, sw=sw).step_time_s for _, sw in PREDICTIONS)
+    assert runtime > fused and runtime == step_cost(plan).step_time_s
     assert MODEL.heads % MODEL.kv_heads == 0
 
 

@@ -28,10 +28,11 @@ def test_json_output(capsys):
 
 def test_software_flag_plans_for_megatron_core(capsys):
     """--software megatron-core plans with that stack's profile (fp32 gradient reduce-scatter and
-    weight all-gather, both overlapped; classic ZeRO-2): its best plan is hybridpar's own (a
-    ZeRO-1 plan, where the two runtimes now move and overlap the same bytes); Meta's TP8 PP16 DP128 needs full recomputation with ZeRO-1 there, and classic ZeRO-2
-    fits it without recomputation but exposes each micro-batch's fp32 reduce-scatter, so it is
-    slower (README "Llama 3 405B")."""
+    weight all-gather, both overlapped; classic ZeRO-2; gradient accumulation fused into the GEMMs):
+    its best layout is hybridpar's own (a ZeRO-1 plan, where the two runtimes move and overlap the
+    same bytes), faster by the fused accumulation; Meta's TP8 PP16 DP128 needs full recomputation
+    with ZeRO-1 there, and classic ZeRO-2 fits it without recomputation but exposes each
+    micro-batch's fp32 reduce-scatter, so it is slower (README "Llama 3 405B")."""
     from topology.models import load_model
     from topology.search import Request, search
     from topology.software import MEGATRON_CORE
@@ -41,8 +42,9 @@ def test_software_flag_plans_for_megatron_core(capsys):
     core = json.loads(run([*argv, "--software", "megatron-core"], capsys)[1])["plans"][0]
     want = search(Request(load_model("llama3-405b"), 16384, 2048, software=MEGATRON_CORE), top=1).plans[0]
     assert core["step_time_s"] == pytest.approx(want.cost.step_time_s, abs=1e-4)
-    # Both reduce-scatter the gradients and overlap the weight gather at ZeRO-1: the same best plan.
-    assert core["step_time_s"] == pytest.approx(mine["step_time_s"], abs=1e-4)
+    # Both reduce-scatter the gradients and overlap the weight gather at ZeRO-1: the same best
+    # layout; megatron-core's GEMMs accumulate the fp32 gradients, hybridpar casts and adds them.
+    assert core["step_time_s"] < 0.9 * mine["step_time_s"]
     assert (core["tp"], core["cp"], core["pp"], core["dp"]) == (mine["tp"], mine["cp"], mine["pp"], mine["dp"])
     meta_argv = [*argv, "--software", "megatron-core", "--tp", "8", "--pp", "16", "--cp", "1"]
     meta = json.loads(run(meta_argv, capsys)[1])["plans"][0]

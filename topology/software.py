@@ -105,17 +105,22 @@ class Software:
 # hands DeepSpeed its partition; DeepSpeed steps, and its all-gather of the updated weights is
 # replaced by per-bucket broadcasts from the owners that the next forward waits for bucket by
 # bucket (param_gather.py). Gradients accumulate in fp32 (bf16 runs: Tensor.grad_dtype,
-# engine.py) and are reduced in fp32.
-HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1, 2))
+# engine.py) and are reduced in fp32. megatron-core's gradient_accumulation_fusion is off
+# (hybridpar/model.py: it needs megatron's main_grad buffers and TransformerEngine or apex), so
+# autograd casts each weight gradient to fp32 and adds it, every micro-batch (the first of a
+# step only casts; counted like the others).
+HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1, 2),
+                     grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY)
 # megatron-core / NeMo (and Llama 3's stack): the same layers, megatron-core's distributed
 # optimizer (a reduce-scatter of the gradients, overlapped with the last backward; the weight
 # all-gather with the next forward) and classic ZeRO-2. bf16 gradients accumulate and are reduced
 # in fp32: Megatron-LM's arguments.py forces accumulate_allreduce_grads_in_fp32 for bf16 ("bfloat16
 # requires gradient accumulation and all-reduce to be done in fp32") unless --grad-reduce-in-bf16,
 # and NeMo 2's bf16_mixed() precision plugin sets grad_reduce_in_fp32=True; megatron-core's
-# DistributedDataParallelConfig then keeps an fp32 main-grad buffer.
+# DistributedDataParallelConfig then keeps an fp32 main-grad buffer, which the weight-gradient
+# GEMMs accumulate into (gradient_accumulation_fusion, on in Megatron-LM and NeMo's configs).
 MEGATRON_CORE = replace(HYBRIDPAR, name="megatron-core", label="megatron-core", zero2_reduce_once=False,
-                        zero_stages=(0, 1, 2, 3))
+                        zero_stages=(0, 1, 2, 3), grad_accum_bytes_per_param=0)
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
 # DP all-reduce after the pipeline flush, blocking pipeline sends.
