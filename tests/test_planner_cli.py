@@ -190,6 +190,7 @@ def test_older_stacks_plan_without_what_they_lacked(capsys):
     for bad, words in [(["--software", "megatron-lm-2021", "--zero", "1"], "ZeRO-1 is not part of Megatron-LM 2021"),
                        (["--software", "deepspeed-pipe-bf16", "--recompute", "selective"], "recompute selective is not part"),
                        (["--software", "deepspeed-pipe-bf16", "--precision", "fp16"], "use --precision bf16"),
-                       (["--network-gbit", "0"], "--network-gbit must be a positive")]:
+                       (["--network-gbit", "0"], "--network-gbit must be a positive"),
+                       (["--network-gbit", "inf"], "--network-gbit must be a positive")]:
         code, out, err = run([*argv, *bad], capsys)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1, err

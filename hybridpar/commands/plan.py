@@ -4,6 +4,7 @@ rejected layouts were rejected. Pure Python: imports topology/ only, never torch
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from topology.hardware import CATALOGUE, GIB, HardwareError, get_gpu
@@ -93,7 +94,7 @@ def build_request(args) -> tuple[Request, int]:
         value = getattr(args, key)
         if value is not None and value < 1:
             raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
-    if args.network_gbit is not None and not args.network_gbit > 0:
+    if args.network_gbit is not None and not 0 < args.network_gbit < math.inf:
         raise UsageError(f"--network-gbit must be a positive number of Gbit/s per GPU, got {args.network_gbit}")
     software = SOFTWARE[getattr(args, "software", "hybridpar")]
     if software.name == "deepspeed-pipe-bf16" and args.precision != "bf16":
