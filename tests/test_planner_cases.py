@@ -11,6 +11,12 @@ KNOWN_MISSES = {
     "llama3-405b-t4-3": "predicted high: at 128K, 57% of Megatron-convention FLOPs are attention; no term "
                         "found for the gap (CP K/V all-gather is 4% of the step under GQA)",
     "narayanan21-t1-76.1B": "predicted high by 19%: no physical term found for the gap",
+    # Run with torch DDP (run_table_1.sh DDP=torch): the all-reduce hides behind the last backward,
+    # so these four are nearly pure compute, and the compute model's lean shows in full (as in the
+    # NeMo 8B run on one node, +21%, tests/test_planner_validation.py).
+    **{f"narayanan21-t1-{size}": f"predicted high by {err}: torch DDP hides the all-reduce; what remains "
+       f"is compute, which the model overestimates here (README, the lean)"
+       for size, err in (("1.7B", "22%"), ("3.6B", "20%"), ("7.5B", "19%"), ("18.4B", "17%"))},
 }
 
 

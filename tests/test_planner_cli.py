@@ -142,9 +142,10 @@ def test_model_file_yaml(tmp_path, capsys):
 def test_published_layouts_evaluate_from_the_command_line_with_their_software(capsys, tmp_path):
     """A user can ask the CLI what a published pre-2022 layout does on the stack it ran on: the
     Narayanan et al. 2021 runs under --software megatron-lm-2021 (no sequence parallelism, no
-    ZeRO) and BLOOM under --software deepspeed-pipe-bf16 with Jean Zay's 50 Gbit/s per GPU give
-    exactly what tests/test_planner_cases.py checks against the reported throughput."""
-    from topology.cases import CASES_PATH, load_cases, predict_case
+    ZeRO; megatron-lm-2021-torch-ddp for the four run with torch DDP) and BLOOM under --software
+    deepspeed-pipe-bf16 with Jean Zay's 50 Gbit/s per GPU give exactly what
+    tests/test_planner_cases.py checks against the reported throughput."""
+    from topology.cases import CASES_PATH, case_software, load_cases, predict_case
 
     if not CASES_PATH.is_file():
         pytest.skip("no published cases file")
@@ -159,7 +160,7 @@ def test_published_layouts_evaluate_from_the_command_line_with_their_software(ca
         argv = ["--model", str(model), "--gpus", str(case["num_gpus"]), "--gpu", "a100-80gb",
                 "--seq-len", str(case["seq_len"]), "--global-batch", str(case["global_batch_seqs"]),
                 "--precision", "bf16" if bloom else "fp16", "--json",
-                "--software", "deepspeed-pipe-bf16" if bloom else "megatron-lm-2021"]
+                "--software", case_software(case)[0].name]
         for flag, value in [("tp", chosen.tp), ("pp", chosen.pp), ("cp", chosen.cp), ("dp", chosen.dp),
                             ("micro-batch", chosen.micro_batch), ("vpp", chosen.vpp), ("zero", chosen.zero_stage),
                             ("recompute", chosen.recompute)]:

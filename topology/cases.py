@@ -14,7 +14,7 @@ from .hardware import GPU, get_gpu
 from .models import ModelSpec
 from .plan import Plan
 from .search import Evaluated, evaluate
-from .software import DEEPSPEED_BF16_PIPE, MEGATRON_2021, MEGATRON_CORE, Software
+from .software import DEEPSPEED_BF16_PIPE, MEGATRON_2021, MEGATRON_2021_TORCH_DDP, MEGATRON_CORE, Software
 
 # The project's shared/ folder (beside the checkout) is the source of truth; tests/data holds a
 # copy so a checkout without it (an installed copy, a clone elsewhere) still has the 14 runs.
@@ -24,6 +24,11 @@ CASES_PATH = _SHARED_CASES if _SHARED_CASES.is_file() else _BUNDLED_CASES
 # Out-of-sample runs (NVIDIA DGX Cloud benchmark recipes), same fields plus "software"; README
 # "Checked against runs it was not built on" gives their provenance.
 VALIDATION_PATH = Path(__file__).resolve().parents[1] / "tests" / "data" / "validation_runs.json"
+
+
+# Narayanan et al.'s run script (Megatron-LM examples/sc21/run_table_1.sh) sets DDP=torch for the
+# models without pipeline parallelism, DDP=local from 39B up.
+TORCH_DDP_RUNS = {"narayanan21-t1-1.7B", "narayanan21-t1-3.6B", "narayanan21-t1-7.5B", "narayanan21-t1-18.4B"}
 
 
 def load_cases(path: Path = CASES_PATH) -> list[dict]:
@@ -50,6 +55,8 @@ def case_software(case: dict) -> tuple[Software, GPU]:
     if case["id"].startswith("bloom"):
         # Jean Zay: 4 Omni-Path 100 Gb/s links per 8-GPU node = 6.25 GB/s per GPU (BLOOM README).
         return DEEPSPEED_BF16_PIPE, replace(gpu, network_gbps=4 * 100 / 8 / 8)
+    if case["id"] in TORCH_DDP_RUNS:
+        return MEGATRON_2021_TORCH_DDP, gpu
     return MEGATRON_2021, gpu
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 GRAD_ADD_MIXED = 10  # read 2 (16-bit gradient) + read 4 + write 4 (fp32 buffer)
 GRAD_ADD_CAST_COPY = 18  # cast: read 2 + write 4; add: read 4 + read 4 + write 4
+GRAD_ADD_16BIT = 6  # autograd's in-place add into a 16-bit .grad: read 2 + read 2 + write 2
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,8 @@ MEGATRON_CORE = replace(HYBRIDPAR, name="megatron-core", label="megatron-core", 
                         zero_stages=(0, 1, 2, 3), grad_accum_bytes_per_param=0)
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
-# DP all-reduce after the pipeline flush, blocking pipeline sends.
+# DP all-reduce after the pipeline flush (--DDP-impl local: allreduce_gradients() after the
+# schedule), blocking pipeline sends.
 # Gradient accumulation fusion came later (2022), so main grads are added by a separate kernel.
 # Its linear layers all-reduce the input gradient synchronously (the async all-reduce came with
 # megatron-core), and it splits pipeline messages over TP (scatter/gather, Narayanan et al. §4.1).
@@ -138,6 +140,13 @@ MEGATRON_2021 = Software(name="megatron-lm-2021", label="Megatron-LM 2021", sequ
 # PipelineEngine also splits activations and gradients over the model-parallel ranks
 # (runtime/pipe/engine.py is_pipe_partitioned / is_grad_partitioned, on by default), so
 # p2p_scatter_gather stays True.
+# The same code with --DDP-impl torch (examples/sc21/run_table_1.sh for the 1.7B-18B rows of
+# Narayanan et al.'s Table 1): torch's DistributedDataParallel all-reduces the fp16 gradients in
+# buckets as the last micro-batch's backward produces them (megatron's schedules run the others
+# under model.no_sync()), and autograd accumulates them in the fp16 .grad; no fp32 main grad.
+MEGATRON_2021_TORCH_DDP = replace(MEGATRON_2021, name="megatron-lm-2021-torch-ddp",
+                                  label="Megatron-LM 2021 with torch DDP", overlap_grad_reduce=True,
+                                  grad_accum_bytes_per_param=GRAD_ADD_16BIT)
 # PipelineEngine refuses ZeRO-2 and 3; BF16_Optimizer shards the fp32 optimizer state over DP (ZeRO-1).
 DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, name="deepspeed-pipe-bf16",
                               label="DeepSpeed's pipeline engine with BF16_Optimizer", zero_stages=(0, 1),
@@ -146,4 +155,5 @@ DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, name="deepspeed-pipe-bf16",
 
 # `hybridpar plan --software NAME`: plan for hybridpar's runtime (default) or evaluate a layout
 # under the stack a published run used.
-PROFILES = {sw.name: sw for sw in (HYBRIDPAR, MEGATRON_CORE, MEGATRON_2021, DEEPSPEED_BF16_PIPE)}
+PROFILES = {sw.name: sw for sw in (HYBRIDPAR, MEGATRON_CORE, MEGATRON_2021, MEGATRON_2021_TORCH_DDP,
+                                   DEEPSPEED_BF16_PIPE)}
