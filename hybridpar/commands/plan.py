@@ -151,8 +151,10 @@ def run(args) -> int:
 
 def render(req: Request, result) -> str:
     gpu = req.hardware()
-    lines = [f"{req.model.name} on {req.gpus} x {gpu.name} ({req.gpus_per_node} per node), seq {req.seq_len}, "
-             f"global batch {req.global_batch} seqs = {req.global_batch * req.seq_len:,} tokens, {req.precision}; "
+    network = "" if req.network_gbps is None else f", network {req.network_gbps * 8:g} Gbit/s per GPU"
+    lines = [f"{req.model.name} on {req.gpus} x {gpu.name} ({req.gpus_per_node} per node{network}), seq {req.seq_len}, "
+             f"global batch {req.global_batch} seqs = {req.global_batch * req.seq_len:,} tokens, {req.precision}, "
+             f"planned for {req.software.label}; "
              f"{result.examined} configurations examined, {result.evaluated} fit and were costed"]
     head = (f"{'#':>2} {'TP':>3} {'CP':>3} {'PP':>4} {'DP':>5} {'VPP':>3} {'mb':>3} {'GA':>4} {'Z':>1} "
             f"{'recomp':<9} {'step s':>7} {'tok/s':>10} {'TFLOP/s':>7} {'MFU':>6} {'bubble':>6} {'GiB':>5} fits")
