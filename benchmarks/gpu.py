@@ -29,8 +29,9 @@ from benchmarks.results_io import write_result
 
 MODEL = ModelSpec(layers=20, hidden=2048, ffn_hidden=5632, heads=16, kv_heads=8, vocab=32000, name="llama-1b")
 # The planner's profile of hybridpar's runtime (topology/software.py HYBRIDPAR: torch SDPA
-# attention, FlashAttention on CUDA; no gradient-accumulation fusion, autograd casts each bf16
-# weight gradient to fp32 and adds it), and megatron-core's, whose GEMMs accumulate into fp32.
+# attention, FlashAttention on CUDA; no gradient-accumulation fusion: each micro-batch's bf16
+# weight gradients are added into fp32 ones in place), and megatron-core's, whose GEMMs accumulate
+# into fp32.
 PREDICTIONS = (("planner_hybridpar", HYBRIDPAR), ("planner_megatron_core_fused", MEGATRON_CORE))
 
 

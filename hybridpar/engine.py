@@ -47,9 +47,15 @@ bucket is all-reduced in full and each rank keeps its partition), then the optim
 reduction per step; the cost is a full gradient buffer during accumulation (as ZeRO-1).
 
 bf16: gradients accumulate over the micro-batches in fp32, as megatron-core's ``main_grad``
-(``_fp32_grad_accumulation``). Each bf16 parameter gets ``grad_dtype = float32`` (torch's
-``Tensor.grad_dtype``; a torch without it keeps bf16 accumulation and warns), so autograd casts
-every micro-batch's gradient to fp32 and adds it into an fp32 ``p.grad`` (no bf16 running sum;
+(``_fp32_grad_accumulation``). Each bf16 parameter may hold a gradient of any dtype (torch's
+``Tensor.grad_dtype = None``; a torch without it keeps bf16 accumulation and warns): the first
+micro-batch's gradient becomes ``p.grad`` and is cast to fp32 once (a post-accumulate hook,
+registered before grad_sync's), every later one is added into that fp32 ``p.grad`` by autograd's
+in-place accumulation, which casts on the fly: 10 bytes of HBM traffic per parameter and
+micro-batch, as megatron's unfused ``main_grad.add_(grad)``, where ``grad_dtype = float32`` makes
+autograd materialise an fp32 copy of each gradient first (18 bytes; every parameter until
+2026-11-30, now only the embedding a one-stage model's output layer shares, whose two gradients
+per backward autograd would otherwise sum in bf16 before accumulating). No bf16 running sum;
 gradients that autograd computes in fp32, e.g. the RMSNorm weights', are no longer rounded to
 bf16 first; pipeline.py's model-parallel sums run in fp32). The price: 4 bytes per parameter for
 the gradient during accumulation instead of 2 (megatron's ``main_grad`` costs the same). At the
@@ -80,6 +86,13 @@ from .grad_sync import DEFAULT_BUCKET_NUMEL, OverlappedGradReduction
 from .param_gather import DeferredParamGather
 from . import zero_norm
 from .zero_partitions import PartitionHandOff
+
+
+def _fp32_grad(p: torch.Tensor) -> None:
+    """Post-accumulate hook: the first micro-batch's gradient (stolen by autograd as is) becomes
+    fp32; later ones are added into it in place, cast on the fly."""
+    if p.grad is not None and p.grad.dtype != torch.float32:
+        p.grad = p.grad.float()
 
 
 @dataclass(frozen=True)
@@ -289,8 +302,17 @@ class StageEngine:
             self.fp32_grad_accum = False
             return
         for p in self._params():
-            if p.dtype != torch.float32:
-                p.grad_dtype = torch.float32  # autograd casts each incoming gradient, then adds
+            if p.dtype == torch.float32:
+                continue
+            p.accum_dtype = torch.float32  # what grad_sync gives a parameter without a gradient
+            if getattr(p, "zero_out_wgrad", False):
+                # megatron's mark for the embedding that a one-stage model's output layer shares:
+                # one backward reaches it twice, and autograd sums the two gradients before
+                # accumulating, in fp32 only if it casts each first.
+                p.grad_dtype = torch.float32
+                continue
+            p.grad_dtype = None  # an fp32 .grad on a bf16 parameter; incoming gradients uncast
+            p.register_post_accumulate_grad_hook(_fp32_grad)
         if self.zero_stage == 0:
             return
         opt = self.engine.optimizer
@@ -320,7 +342,7 @@ class StageEngine:
         for group in opt.bit16_groups:
             for p in group:
                 if p.grad is not None:
-                    p.grad_accum = p.grad  # fp32 (grad_dtype): DeepSpeed reads it without a cast
+                    p.grad_accum = p.grad  # fp32 (_fp32_grad): DeepSpeed reads it without a cast
                     p.grad = None
         opt.setup_buckets()  # fp32 buckets (allocated per step; the hooks that did it are gone)
 

@@ -129,7 +129,7 @@ class OverlappedGradReduction:
     def _issue(self, i: int) -> None:
         bucket = self.buckets[i]
         # No gradient this step on this rank: it contributes zeros.
-        grads = {p: p.grad if p.grad is not None else torch.zeros_like(p, dtype=getattr(p, "grad_dtype", None) or p.dtype)
+        grads = {p: p.grad if p.grad is not None else torch.zeros_like(p, dtype=getattr(p, "accum_dtype", None) or p.dtype)
                  for p in bucket}
         self._dtypes[i] = [grads[p].dtype for p in self._full[i]]
         if self._full[i]:

@@ -43,8 +43,8 @@ def test_software_flag_plans_for_megatron_core(capsys):
     want = search(Request(load_model("llama3-405b"), 16384, 2048, software=MEGATRON_CORE), top=1).plans[0]
     assert core["step_time_s"] == pytest.approx(want.cost.step_time_s, abs=1e-4)
     # Both reduce-scatter the gradients and overlap the weight gather at ZeRO-1: the same best
-    # layout; megatron-core's GEMMs accumulate the fp32 gradients, hybridpar casts and adds them.
-    assert core["step_time_s"] < 0.9 * mine["step_time_s"]
+    # layout; megatron-core's GEMMs accumulate the fp32 gradients, hybridpar adds them in place.
+    assert core["step_time_s"] < 0.95 * mine["step_time_s"]
     assert (core["tp"], core["cp"], core["pp"], core["dp"]) == (mine["tp"], mine["cp"], mine["pp"], mine["dp"])
     meta_argv = [*argv, "--software", "megatron-core", "--tp", "8", "--pp", "16", "--cp", "1"]
     meta = json.loads(run(meta_argv, capsys)[1])["plans"][0]

@@ -6,7 +6,7 @@ import pytest
 from topology.models import PRESETS
 from topology.plan import PlanError
 from topology.search import AXES, Request, search
-from topology.software import GRAD_ADD_CAST_COPY, MEGATRON_CORE
+from topology.software import HYBRIDPAR, MEGATRON_CORE
 
 LLAMA = PRESETS["llama3-405b"]
 PLAN_KEYS = {"tp", "pp", "cp", "dp", "vpp", "micro_batch", "grad_accum", "zero_stage", "recompute",
@@ -32,12 +32,12 @@ def test_llama3_405b_best_plan_is_meta_layout_or_faster(llama_16k):
     assert pinned.plan.recompute == "full"
     # Under megatron-core (fp32 gradient reduce-scatter and weight all-gather, both overlapped, as
     # hybridpar's grad_sync and param_gather now do at ZeRO-1) the best plan is hybridpar's, faster
-    # only by the gradient accumulation its GEMMs fuse (as fast with hybridpar's cast-then-add), and
+    # only by the gradient accumulation its GEMMs fuse (as fast with hybridpar's in-place add), and
     # Meta's layout needs full recomputation with ZeRO-1 too.
     core = search(Request(LLAMA, 16384, 2048, 8192, software=MEGATRON_CORE)).plans[0]
-    assert core.fits and core.cost.step_time_s < 0.9 * best.cost.step_time_s
+    assert core.fits and core.cost.step_time_s < 0.95 * best.cost.step_time_s
     assert (core.plan.tp, core.plan.cp, core.plan.pp, core.plan.dp) == (best.plan.tp, best.plan.cp, best.plan.pp, best.plan.dp)
-    unfused = replace(MEGATRON_CORE, grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY)
+    unfused = replace(MEGATRON_CORE, grad_accum_bytes_per_param=HYBRIDPAR.grad_accum_bytes_per_param)
     core_unfused = search(Request(LLAMA, 16384, 2048, 8192, software=unfused)).plans[0]
     assert core_unfused.cost.step_time_s == pytest.approx(best.cost.step_time_s, rel=1e-9)
     core_meta = search(Request(LLAMA, 16384, 2048, 8192, software=MEGATRON_CORE, pins=pins)).plans[0]

@@ -45,12 +45,13 @@ class Software:
     # fp32 accumulation buffer outside the GEMM. 0: the GEMM epilogue accumulates into the fp32
     # main grad (megatron-core gradient_accumulation_fusion). GRAD_ADD_MIXED (10): one add that
     # casts on the fly, reading the 16-bit gradient and reading and writing the fp32 buffer
-    # (Megatron-LM 2021: main_grad.add_(grad)). GRAD_ADD_CAST_COPY (18): the gradient is first
-    # cast into an fp32 temporary (read 2, write 4), then added (read 4 + 4, write 4): DeepSpeed's
-    # BF16_Optimizer.update_hp_grads, hp_grad.add_(lp.grad.to(hp_grad.dtype)), after every
-    # micro-batch's backward (runtime/pipe/engine.py _exec_backward_pass; the same code since
-    # the optimizer was written for BLOOM), and torch autograd with Tensor.grad_dtype = float32
-    # (hybridpar/engine.py _fp32_grad_accumulation), which casts each incoming gradient first.
+    # (Megatron-LM 2021: main_grad.add_(grad); hybridpar's runtime, engine._fp32_grad).
+    # GRAD_ADD_CAST_COPY (18): the gradient is first cast into an fp32 temporary (read 2, write 4),
+    # then added (read 4 + 4, write 4): DeepSpeed's BF16_Optimizer.update_hp_grads,
+    # hp_grad.add_(lp.grad.to(hp_grad.dtype)), after every micro-batch's backward
+    # (runtime/pipe/engine.py _exec_backward_pass; the same code since the optimizer was written
+    # for BLOOM), and torch autograd with Tensor.grad_dtype = float32, which casts each incoming
+    # gradient first (hybridpar's runtime until 2026-11-30).
     grad_accum_bytes_per_param: int = 0
     # Each pipeline send and receive is its own blocking call, so the four transfers a stage
     # makes per micro-batch (receive activation, send activation, receive gradient, send
@@ -108,10 +109,11 @@ class Software:
 # bucket (param_gather.py). Gradients accumulate in fp32 (bf16 runs: Tensor.grad_dtype,
 # engine.py) and are reduced in fp32. megatron-core's gradient_accumulation_fusion is off
 # (hybridpar/model.py: it needs megatron's main_grad buffers and TransformerEngine or apex), so
-# autograd casts each weight gradient to fp32 and adds it, every micro-batch (the first of a
-# step only casts; counted like the others).
+# every micro-batch's bf16 weight gradients are added into the fp32 ones by autograd's in-place
+# accumulation, cast on the fly (engine._fp32_grad; the first micro-batch of a step is only cast,
+# 6 bytes, counted like the others; a one-stage model's tied embedding still casts then adds).
 HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1, 2),
-                     grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY)
+                     grad_accum_bytes_per_param=GRAD_ADD_MIXED)
 # megatron-core / NeMo (and Llama 3's stack): the same layers, megatron-core's distributed
 # optimizer (a reduce-scatter of the gradients, overlapped with the last backward; the weight
 # all-gather with the next forward) and classic ZeRO-2. bf16 gradients accumulate and are reduced
