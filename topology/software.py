@@ -106,8 +106,8 @@ class Software:
 # rank whose DeepSpeed partition holds it (zero_partitions.py: a reduce-scatter's bytes), which
 # hands DeepSpeed its partition; DeepSpeed steps, and its all-gather of the updated weights is
 # replaced by per-bucket broadcasts from the owners that the next forward waits for bucket by
-# bucket (param_gather.py). Gradients accumulate in fp32 (bf16 runs: Tensor.grad_dtype,
-# engine.py) and are reduced in fp32. megatron-core's gradient_accumulation_fusion is off
+# bucket (param_gather.py). Gradients accumulate in fp32 (bf16 runs: engine._fp32_grad) and are
+# reduced in fp32. megatron-core's gradient_accumulation_fusion is off
 # (hybridpar/model.py: it needs megatron's main_grad buffers and TransformerEngine or apex), so
 # every micro-batch's bf16 weight gradients are added into the fp32 ones by autograd's in-place
 # accumulation, cast on the fly (engine._fp32_grad; the first micro-batch of a step is only cast,
@@ -136,12 +136,6 @@ MEGATRON_2021 = Software(name="megatron-lm-2021", label="Megatron-LM 2021", sequ
                          recompute_modes=("none", "full"),
                          flash_attention=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
                          overlap_p2p=False, grad_accum_bytes_per_param=GRAD_ADD_MIXED, tp_bwd_overlap=False, p2p_scatter_gather=True)
-# BLOOM's Megatron-DeepSpeed (bigscience tr11-176B-ml): the 2021 Megatron layers driven by
-# DeepSpeed's PipelineEngine and BF16_Optimizer, which "accumulates grads in fp32. It doesn't shard
-# the static fp32 buffer" (formulas.md §3) and all-reduces those fp32 gradients.
-# PipelineEngine also splits activations and gradients over the model-parallel ranks
-# (runtime/pipe/engine.py is_pipe_partitioned / is_grad_partitioned, on by default), so
-# p2p_scatter_gather stays True.
 # The same code with --DDP-impl torch (examples/sc21/run_table_1.sh for the 1.7B-18B rows of
 # Narayanan et al.'s Table 1): torch's DistributedDataParallel all-reduces the fp16 gradients in
 # buckets as the last micro-batch's backward produces them (megatron's schedules run the others
@@ -149,6 +143,12 @@ MEGATRON_2021 = Software(name="megatron-lm-2021", label="Megatron-LM 2021", sequ
 MEGATRON_2021_TORCH_DDP = replace(MEGATRON_2021, name="megatron-lm-2021-torch-ddp",
                                   label="Megatron-LM 2021 with torch DDP", overlap_grad_reduce=True,
                                   grad_accum_bytes_per_param=GRAD_ADD_16BIT)
+# BLOOM's Megatron-DeepSpeed (bigscience tr11-176B-ml): the 2021 Megatron layers driven by
+# DeepSpeed's PipelineEngine and BF16_Optimizer, which "accumulates grads in fp32. It doesn't shard
+# the static fp32 buffer" (formulas.md §3) and all-reduces those fp32 gradients.
+# PipelineEngine also splits activations and gradients over the model-parallel ranks
+# (runtime/pipe/engine.py is_pipe_partitioned / is_grad_partitioned, on by default), so
+# p2p_scatter_gather stays True.
 # PipelineEngine refuses ZeRO-2 and 3; BF16_Optimizer shards the fp32 optimizer state over DP (ZeRO-1).
 DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, name="deepspeed-pipe-bf16",
                               label="DeepSpeed's pipeline engine with BF16_Optimizer", zero_stages=(0, 1),
