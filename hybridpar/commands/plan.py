@@ -20,8 +20,8 @@ HELP = "plan the TP x CP x PP x DP layout of a model on N GPUs (DP outermost), r
 DEFAULT_TOKENS = 16 * 1024 * 1024  # Llama 3's 16M-token batch (Table 4)
 # What runs the plan: hybridpar's own runtime (default); megatron-core's stack (distributed
 # optimizer with the DP reduction overlapped, classic ZeRO-2, fp32 gradient reduction); or, to
-# evaluate an older published layout, Megatron-LM 2021 or DeepSpeed's pipeline engine
-# (topology/software.py says what each does).
+# evaluate an older published layout, Megatron-LM 2021 (local or torch DDP) or DeepSpeed's
+# pipeline engine (topology/software.py says what each does).
 SOFTWARE = PROFILES
 PINS = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "micro_batch": "micro_batch", "vpp": "vpp",
         "zero": "zero_stage", "recompute": "recompute"}
@@ -46,7 +46,8 @@ def add_arguments(p):
     p.add_argument("--recompute", choices=list(RECOMPUTE_MODES), help="pin activation recomputation")
     p.add_argument("--software", choices=list(SOFTWARE), default="hybridpar",
                    help="the training software the plan is for (default hybridpar: its own runtime; "
-                   "megatron-core; megatron-lm-2021 and deepspeed-pipe-bf16 to evaluate older published layouts)")
+                   "megatron-core; megatron-lm-2021, megatron-lm-2021-torch-ddp and deepspeed-pipe-bf16 to "
+                   "evaluate older published layouts)")
     p.add_argument("--network-gbit", type=float,
                    help="scale-out network per GPU and direction, Gbit/s (default: the GPU's catalogue "
                    "node, 400 for H100/H200/H800, 200 for A100)")
