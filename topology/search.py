@@ -103,9 +103,12 @@ def evaluate(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> Ev
     return Evaluated(plan, mem, step_cost(plan, sw, gpu), mem.total <= gpu.memory_bytes)
 
 
-def _base_plan(req: Request, **kw) -> Plan:
+def _base_plan(req: Request, tp: int, **kw) -> Plan:
+    """A plan of the request's model, batch and cluster; sequence parallelism wherever TP > 1 and
+    the software has it."""
     return Plan(model=req.model, seq_len=req.seq_len, global_batch=req.global_batch, gpu=req.gpu,
-                gpus_per_node=req.gpus_per_node, precision=req.precision, **kw)
+                gpus_per_node=req.gpus_per_node, precision=req.precision, tp=tp,
+                sequence_parallel=tp > 1 and req.software.sequence_parallel, **kw)
 
 
 def search(req: Request, top: int = 5) -> SearchResult:
@@ -122,8 +125,7 @@ def search(req: Request, top: int = 5) -> SearchResult:
         raise PlanError(f"recompute {recompute} is not part of {sw.label} (it offers "
                         f"{', '.join(sw.recompute_modes)}): pin one of those")
     if all(a in req.pins for a in AXES):
-        plan = _base_plan(req, **{a: req.pins[a] for a in AXES},
-                          sequence_parallel=req.pins["tp"] > 1 and sw.sequence_parallel)
+        plan = _base_plan(req, **{a: req.pins[a] for a in AXES})
         plan = _with_split(plan)
         problems = plan.violations() + _layout_problems(plan, n, req.gpus_per_node)
         if problems:
@@ -179,8 +181,7 @@ def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, r
     even = m.layers % pp == 0
     if pp > 1 and not even and (m.layers + 2) % pp:
         return reject(f"layers {m.layers} (or {m.layers + 2} with lighter end stages) not divisible by pp {pp}")
-    probe = _with_split(_base_plan(req, tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=3,
-                                   sequence_parallel=tp > 1 and req.software.sequence_parallel))
+    probe = _with_split(_base_plan(req, tp=tp, cp=cp, pp=pp, dp=dp, zero_stage=3))
     floor = max(16 * params_per_rank(probe, s) for s in stages(probe)) / probe.zero_group
     if floor > cap:
         over = f"DP={dp}" if cp == 1 else f"DP x CP = {dp} x {cp}"
@@ -190,9 +191,10 @@ def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, r
     per_replica = req.global_batch // dp
     mbs = _choices(req, "micro_batch", [b for b in _divisors(per_replica) if b <= MAX_MICRO_BATCH])
     # ZeRO shards over DP x CP (the CP ranks hold the same weights); with neither there is nothing to shard.
-    # A stack without ZeRO (Megatron-LM 2021) replicates the optimizer whatever DP is.
+    # A stack without ZeRO (Megatron-LM 2021) replicates the optimizer whatever DP is. (A pinned
+    # stage the software lacks was refused in search().)
     sharded = [z for z in (1, 2, 3) if z in req.software.zero_stages] or [0]
-    zeros = [z for z in _choices(req, "zero_stage", [0] if dp * cp == 1 else sharded) if z in req.software.zero_stages]
+    zeros = _choices(req, "zero_stage", [0] if dp * cp == 1 else sharded)
     recomputes = _choices(req, "recompute", [r for r in RECOMPUTE_MODES if r in req.software.recompute_modes])
     best_miss = None
     found = False
@@ -238,8 +240,7 @@ def _first_fit(req, gpu, result, tp, cp, pp, dp, mb, v, zero, recomputes):
     for rc in recomputes:
         result.examined += 1
         plan = _with_split(_base_plan(req, tp=tp, cp=cp, pp=pp, dp=dp, vpp=v, micro_batch=mb,
-                                      zero_stage=zero, recompute=rc,
-                                      sequence_parallel=tp > 1 and req.software.sequence_parallel))
+                                      zero_stage=zero, recompute=rc))
         problems = plan.violations()
         if problems:
             return problems[0]
