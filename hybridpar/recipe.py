@@ -31,6 +31,7 @@ from typing import Optional, Union, get_args, get_origin, get_type_hints
 from topology.layout import DEFAULT_ORDER, ORDERS
 from topology.models import PRESETS, ModelSpec, ModelSpecError, load_model, model_from_dict
 from topology.plan import RECOMPUTE_MODES, Plan
+from topology.spec_files import read_mapping
 
 from .errors import UsageError
 
@@ -332,20 +333,7 @@ def recipe_from_dict(data, source: str = "recipe") -> Recipe:
 
 def load_recipe(path: str) -> Recipe:
     """Read and check a recipe file (types and keys; layout rules via ``Recipe.validate``)."""
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"recipe {path} not found")
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"recipe {path} is unreadable: {err}") from None
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as err:
-        first = (str(err).splitlines() or ["parse error"])[0]
-        raise UsageError(f"recipe {path} is malformed YAML: {first}") from None
+    data = read_mapping(path, "recipe", UsageError)
     return recipe_from_dict(data, path)
 
 

@@ -31,12 +31,15 @@ FILES = {
     "incomplete.json": '{"layers": 2, "hidden": 64, "heads": 4}',
     "badmlp.json": '{"layers": 2, "hidden": 64, "ffn_hidden": 128, "heads": 4, "kv_heads": 2, "vocab": 256, "mlp": "relu"}',
     "binary.yaml": b"\xff\xfe\x00garbage",
+    "overpeak_gpu.yaml": "base: h100-80gb\ngemm_fraction: 1.2\n",
 }
 
 CASES = [
     # plan
     ("plan-unknown-model", "plan --model nope --gpus 8", "unknown model"),
     ("plan-unknown-gpu", "plan --model llama3-8b --gpus 8 --gpu x100", "unknown GPU"),
+    ("plan-gpu-file-above-peak", "plan --model llama3-8b --gpus 8 --gpu overpeak_gpu.yaml", "gemm_fraction must be a fraction"),
+    ("plan-gpu-file-missing", "plan --model llama3-8b --gpus 8 --gpu nogpu.yaml", "GPU file nogpu.yaml not found"),
     ("plan-truncated-model-file", "plan --model truncated.json --gpus 8", "malformed"),
     ("plan-incomplete-model-file", "plan --model incomplete.json --gpus 8", "missing model key"),
     ("plan-bad-mlp", "plan --model badmlp.json --gpus 8", "mlp"),

@@ -87,7 +87,7 @@ def _bad_cases(tmp_path):
         "seq % 2cp": (["--recipe", _write(tmp_path, "c.yaml", "model: tiny\nparallel: {cp: 2}\ntrain: {global_batch: 8, seq_len: 6}\n"), "--nproc", "2"], "seq_len 6 not divisible by 2 x cp = 4"),
         "unknown model": (["--recipe", _write(tmp_path, "m.yaml", "model: giant\ntrain: {global_batch: 8, seq_len: 8}\n")], "unknown model 'giant'"),
         "missing recipe": (["--recipe", str(tmp_path / "nope.yaml")], "not found"),
-        "malformed recipe": (["--recipe", _write(tmp_path, "bad.yaml", "model: [tiny\n")], "malformed YAML"),
+        "malformed recipe": (["--recipe", _write(tmp_path, "bad.yaml", "model: [tiny\n")], "is malformed"),
         "binary recipe": (["--recipe", str(_binary(tmp_path))], "unreadable"),
         "not a mapping": (["--recipe", _write(tmp_path, "l.yaml", "- tiny\n")], "expected a mapping"),
         "negative steps": (["--recipe", tiny, "--nproc", "8", "--steps", "0"], "--steps must be a positive integer"),

@@ -5,7 +5,11 @@ material only, [R] recalled. Bandwidths are per GPU and per direction unless nam
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+from .spec_files import SUFFIXES, read_mapping
 
 GIB = 1024**3
 
@@ -85,5 +89,55 @@ ALIASES = {"h100": "h100-80gb", "h100-sxm": "h100-80gb", "a100": "a100-80gb", "h
 def get_gpu(name: str) -> GPU:
     key = ALIASES.get(name.lower(), name.lower())
     if key not in CATALOGUE:
-        raise HardwareError(f"unknown GPU {name!r}; choose one of {', '.join(CATALOGUE)}")
+        raise HardwareError(f"unknown GPU {name!r}; choose one of {', '.join(CATALOGUE)}, or give a .json/.yaml GPU file")
     return CATALOGUE[key]
+
+
+# A GPU file describes hardware the catalogue lacks, or a catalogue GPU as measured on one's own
+# cluster: "base" names a catalogue entry whose values the file's keys replace (e.g. a measured
+# gemm_fraction from mamf-finder, the NICs of one's nodes); without "base" every field is given.
+_GPU_FIELDS = {f.name: f for f in fields(GPU)}
+_FRACTIONS = ("gemm_fraction", "attention_fraction")
+_COUNTS = ("gpus_per_node", "sms")
+
+
+def gpu_from_dict(data: dict, source: str) -> GPU:
+    allowed = {"base", *_GPU_FIELDS}
+    unknown = sorted(set(data) - allowed)
+    if unknown:
+        raise HardwareError(f"{source}: unknown GPU key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    values = {k: v for k, v in data.items() if k != "base"}
+    if "base" in data:
+        if not isinstance(data["base"], str):
+            raise HardwareError(f"{source}: base must name a catalogue GPU ({', '.join(CATALOGUE)}), got {data['base']!r}")
+        base = get_gpu(data["base"])
+        values = {**asdict(base), "name": f"{base.name} ({Path(source).stem})", **values}
+    values.setdefault("name", Path(source).stem)
+    values.setdefault("fp8_tflops", None)
+    missing = [k for k in _GPU_FIELDS if k not in values]
+    if missing:
+        raise HardwareError(f"{source}: missing GPU key(s) {', '.join(missing)} (or name a catalogue GPU as base)")
+    for key, value in values.items():
+        if key == "name":
+            if not isinstance(value, str) or not value.strip():
+                raise HardwareError(f"{source}: name must be a non-empty string, got {value!r}")
+            continue
+        if key == "fp8_tflops" and value is None:
+            continue
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if key in _COUNTS:
+            if not (number and value == int(value) and value >= 1):
+                raise HardwareError(f"{source}: {key} must be a positive integer, got {value!r}")
+            values[key] = int(value)
+        elif not (number and 0 < value < math.inf) or (key in _FRACTIONS and value > 1):
+            bound = "a fraction of the dense peak in (0, 1]" if key in _FRACTIONS else "a positive number"
+            raise HardwareError(f"{source}: {key} must be {bound}, got {value!r}")
+    return GPU(**values)
+
+
+def load_gpu(name_or_path: str) -> GPU:
+    """A catalogue name (or alias), or a path to a .json/.yaml/.yml GPU file."""
+    path = Path(name_or_path)
+    if path.suffix not in SUFFIXES and not path.is_file():
+        return get_gpu(name_or_path)
+    return gpu_from_dict(read_mapping(name_or_path, "GPU", HardwareError), name_or_path)

@@ -5,9 +5,10 @@ kv_heads, vocab and the MLP kind ("swiglu": 3-matrix gated MLP; "gelu": 2-matrix
 """
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+
+from .spec_files import SUFFIXES, read_mapping
 
 MLP_KINDS = ("swiglu", "gelu")
 
@@ -113,24 +114,6 @@ def load_model(name_or_path: str) -> ModelSpec:
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
     path = Path(name_or_path)
-    if not path.suffix:
+    if path.suffix not in SUFFIXES and not path.is_file():
         raise ModelSpecError(f"unknown model {name_or_path!r}; presets: {', '.join(PRESETS)}, or give a .json/.yaml file")
-    if not path.is_file():
-        raise ModelSpecError(f"model file {name_or_path} not found")
-    if path.suffix not in (".json", ".yaml", ".yml"):
-        raise ModelSpecError(f"model file {name_or_path}: use .json, .yaml or .yml")
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as err:
-        raise ModelSpecError(f"model file {name_or_path} is unreadable: {err}") from None
-    try:
-        if path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            import yaml  # only needed for YAML model files
-
-            data = yaml.safe_load(text)
-    except Exception as err:  # json.JSONDecodeError or yaml.YAMLError
-        first_line = (str(err).splitlines() or ["parse error"])[0]
-        raise ModelSpecError(f"model file {name_or_path} is malformed: {first_line}") from None
-    return model_from_dict(data, name_or_path)
+    return model_from_dict(read_mapping(name_or_path, "model", ModelSpecError), name_or_path)

@@ -82,9 +82,12 @@ class Request:
     # Scale-out NIC bandwidth per GPU per direction, GB/s, where the cluster differs from the
     # GPU catalogue's DGX-style default (e.g. BLOOM's Jean Zay: 4 x 100 Gb/s per 8 GPUs).
     network_gbps: float | None = None
+    # A GPU outside the catalogue, or a catalogue GPU as measured (hardware.load_gpu, a GPU file);
+    # None: the catalogue entry named by gpu.
+    gpu_spec: GPU | None = None
 
     def hardware(self) -> GPU:
-        gpu = get_gpu(self.gpu)
+        gpu = self.gpu_spec or get_gpu(self.gpu)
         return gpu if self.network_gbps is None else replace(gpu, network_gbps=self.network_gbps)
 
 

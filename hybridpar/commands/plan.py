@@ -7,7 +7,7 @@ import json
 import math
 from pathlib import Path
 
-from topology.hardware import CATALOGUE, GIB, HardwareError, get_gpu
+from topology.hardware import CATALOGUE, GIB, HardwareError, load_gpu
 from topology.models import load_model
 from topology.plan import PRECISIONS, RECOMPUTE_MODES
 from topology.search import Request, search
@@ -33,7 +33,8 @@ def add_arguments(p):
     what.add_argument("--recipe", help="a training recipe (hybridpar/recipe.py): its model, seq_len, "
                       "global_batch, cluster and parallel sizes (as pins); flags override it")
     p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
-    p.add_argument("--gpu", help=f"GPU type: {', '.join(CATALOGUE)} (default h100-80gb)")
+    p.add_argument("--gpu", help=f"GPU type: {', '.join(CATALOGUE)} (default h100-80gb), or a .json/.yaml GPU "
+                   "file (its keys replace those of the catalogue GPU it names as base, e.g. a measured gemm_fraction)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the GPU's, 8)")
     p.add_argument("--seq-len", type=int, help="sequence length (default 8192)")
     batch = p.add_mutually_exclusive_group()
@@ -104,7 +105,7 @@ def build_request(args) -> tuple[Request, int]:
     if args.zero is not None and args.zero not in (0, 1, 2, 3):
         raise UsageError(f"--zero must be 0, 1, 2 or 3, got {args.zero}")
     try:
-        gpu = get_gpu(args.gpu)
+        gpu = load_gpu(args.gpu)
         if args.precision == "fp8":
             gpu.peak_tflops("fp8")
     except HardwareError as err:
@@ -132,7 +133,7 @@ def build_request(args) -> tuple[Request, int]:
     if "micro_batch" in pins and "dp" in pins and seqs % (pins["dp"] * pins["micro_batch"]):
         raise UsageError(f"global batch {seqs} sequences not divisible by --dp x --micro-batch = "
                          f"{pins['dp']} x {pins['micro_batch']}")
-    req = Request(model=model, gpus=args.gpus, global_batch=seqs, seq_len=args.seq_len, gpu=gpu.name,
+    req = Request(model=model, gpus=args.gpus, global_batch=seqs, seq_len=args.seq_len, gpu=gpu.name, gpu_spec=gpu,
                   gpus_per_node=per_node, precision=args.precision, pins=pins,
                   software=software,
                   network_gbps=None if args.network_gbit is None else args.network_gbit / 8)

@@ -1,0 +1,35 @@
+"""Reading a model or GPU description from a .json, .yaml or .yml file: one mapping, or one
+line that says what is wrong with the file."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SUFFIXES = (".json", ".yaml", ".yml")
+
+
+def read_mapping(path_text: str, what: str, error: type[Exception]) -> dict:
+    """The mapping in the file at path_text; ``what`` ("model", "GPU") names it in errors, which
+    are raised as ``error`` with one line."""
+    path = Path(path_text)
+    if not path.is_file():
+        raise error(f"{what} file {path_text} not found")
+    if path.suffix not in SUFFIXES:
+        raise error(f"{what} file {path_text}: use .json, .yaml or .yml")
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as err:
+        raise error(f"{what} file {path_text} is unreadable: {err}") from None
+    try:
+        if path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            import yaml  # only needed for YAML files
+
+            data = yaml.safe_load(text)
+    except Exception as err:  # json.JSONDecodeError or yaml.YAMLError
+        first_line = (str(err).splitlines() or ["parse error"])[0]
+        raise error(f"{what} file {path_text} is malformed: {first_line}") from None
+    if not isinstance(data, dict):
+        raise error(f"{path_text}: expected a mapping of {what} keys, got {type(data).__name__}")
+    return data
