@@ -5,6 +5,8 @@
 #  1. torch SDPA (FlashAttention) vs megatron's attention on the GPU, fp32 and bf16 (tests/test_attention.py's worker)
 #  2. `hybridpar train` of the tiny recipe in bf16 on one GPU (NCCL, DeepSpeed bf16 ZeRO-1): runs, loss falls
 #  3. `hybridpar bench gpu`: the ~1B model's tokens/s, TFLOP/s, MFU vs the planner (issue 5 §6, target 40%)
+#  0. first, `hybridpar bench kernels`: the GPU's achievable matmul and attention fractions as a GPU file
+#     (the planner's compute ceiling, measured; README "kernels")
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/hybridpar-gpu}
@@ -24,11 +26,14 @@ step() {  # name, seconds, command...
     echo "=== $name: exit $rc after $((SECONDS - t0)) s"
     [ $rc -eq 0 ] || status=1
 }
-step attention 150 python3 tests/workers/attention_worker.py "$OUT/attention.json"
+step kernels 90 python3 -m hybridpar bench kernels --seconds 0.1 --out "$OUT/gpu-measured.yaml"
+[ -f "$OUT/gpu-measured.yaml" ] && cat "$OUT/gpu-measured.yaml"
+cp benchmarks/results/kernels.json "$OUT/" 2>/dev/null
+step attention 120 python3 tests/workers/attention_worker.py "$OUT/attention.json"
 [ -f "$OUT/attention.json" ] && cat "$OUT/attention.json"
 sed 's/precision: auto.*/precision: bf16/' recipes/tiny.yaml > /tmp/tiny-bf16.yaml
-step train_bf16 150 python3 -m hybridpar train --recipe /tmp/tiny-bf16.yaml --nproc 1 --tp 1 --pp 1 --dp 1 --steps 20 \
+step train_bf16 120 python3 -m hybridpar train --recipe /tmp/tiny-bf16.yaml --nproc 1 --tp 1 --pp 1 --dp 1 --steps 20 \
     --out "$OUT/train_bf16" --no-progress
-step bench_gpu 280 python3 -m hybridpar bench gpu
+step bench_gpu 260 python3 -m hybridpar bench gpu
 cp benchmarks/results/gpu.json "$OUT/" 2>/dev/null
 exit $status

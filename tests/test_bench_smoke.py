@@ -18,7 +18,7 @@ from topology.stages import params_per_rank, stages
 from topology.traffic import cost_model_bytes, dp_ring_lower_bound, runtime_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
-NEW = {"comm", "memory", "overhead", "throughput", "gpu"}
+NEW = {"comm", "memory", "overhead", "throughput", "gpu", "kernels"}
 
 
 def test_bench_list_names_every_benchmark():
@@ -189,6 +189,8 @@ BAD_BENCH_INVOCATIONS = [
     ("scaling", ["--max-gpus", "0"]), ("scaling", ["--max-gpus", "4"]), ("scaling", ["--models", "nosuch"]),
     ("gpu", ["--steps", "0"]), ("gpu", ["--global-batch", "15"]), ("gpu", ["--seq-len", "x"]),
     ("planner_speed", ["--repeats", "0"]), ("planner_speed", ["--bogus"]),
+    ("kernels", ["--out", "gpu.json"]), ("kernels", ["--out", "no/such/folder/gpu.yaml"]),
+    ("kernels", ["--sizes", "4096,0"]), ("kernels", ["--sizes", "4k"]), ("kernels", ["--seconds", "0"]),
 ]
 
 

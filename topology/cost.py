@@ -47,6 +47,8 @@ OPTIMIZER_BYTES_PER_PARAM = 30
 # Gradient bucket of the overlapped DP reduction: megatron-core's default 40M elements
 # (DistributedDataParallelConfig: max(40M, 1M x dp)); hybridpar/grad_sync.py uses this one.
 GRAD_BUCKET_NUMEL = 40_000_000
+# FlashAttention's backward FLOPs over its forward's: it recomputes the scores (Dao 2022, §3.1).
+FLASH_BACKWARD_RATIO = 2.5
 
 
 # ---------------------------------------------------------------- FLOPs ---------------------
@@ -70,6 +72,12 @@ def recompute_flops_per_seq(m: ModelSpec, seq_len: int, recompute: str, flash: b
     if recompute == "selective" and not flash:
         return s * 4 * m.layers * h * s
     return 0.0
+
+
+def causal_attention_flops(batch: int, q_tokens: int, k_tokens: int, heads: int, head_dim: int) -> float:
+    """Forward FLOPs of the causal attention core (QK^T and PV) that a FlashAttention-class kernel
+    computes: half the square, the masked blocks skipped."""
+    return 4.0 * batch * q_tokens * k_tokens * heads * head_dim * 0.5
 
 
 # ---------------------------------------------------------------- kernels -------------------
@@ -138,9 +146,8 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
             column.append((dgrad, wgrad))
     heads = m.heads // tp
     if sw.flash_attention:
-        attn_flops = 4.0 * mb * s_loc * seq * heads * d * 0.5  # causal: half the square
-        af = attn_flops / (peak16 * (sw.attention_fraction or gpu.attention_fraction))
-        ab = 2.5 * af
+        af = causal_attention_flops(mb, s_loc, seq, heads, d) / (peak16 * (sw.attention_fraction or gpu.attention_fraction))
+        ab = FLASH_BACKWARD_RATIO * af
     else:
         qk_f, qk_b = gemm_fwd_bwd(s_loc, d, seq, gpu, peak16, mb * heads)
         av_f, av_b = gemm_fwd_bwd(s_loc, seq, d, gpu, peak16, mb * heads)

@@ -1,0 +1,170 @@
+"""kernels: this GPU's achievable matmul and causal-attention rates, written as a GPU file for `hybridpar plan --gpu`.
+
+`hybridpar bench kernels [--out my-gpu.yaml] [--sizes 4096,8192,12288,16384] [--seconds 0.2]
+[--seq-len 8192] [--heads 32] [--head-dim 128]` on a machine with a CUDA GPU (it exits 2 without
+one). The planner's two least certain numbers are how close a GPU's GEMMs and its attention kernel
+come to the dense bf16 peak (topology/hardware.py gemm_fraction, attention_fraction): this
+measures both on the GPU at hand, in the planner's own FLOP counts, and writes them as a GPU file
+(`base:` the catalogue entry of this GPU, the two fractions) that `hybridpar plan --gpu FILE` reads.
+* matmul: bf16 A (M x K) @ B (K x N) for every M, N, K of --sizes, --seconds each after a warm-up;
+  the fastest shape's rate over the peak is the maximum achievable matmul fraction (as
+  ml-engineering's mamf-finder.py measures it).
+* attention: torch SDPA (FlashAttention on CUDA), causal, batch 1, forward and backward, counted
+  as the planner counts it (topology/cost.py causal_attention_flops, backward
+  FLASH_BACKWARD_RATIO x the forward).
+Also writes benchmarks/results/kernels.json (every shape's rate, device, versions).
+Run it on an otherwise idle GPU; to see what a busy node does, run one per GPU at once.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from topology.cost import FLASH_BACKWARD_RATIO, causal_attention_flops
+from topology.hardware import get_gpu
+
+from benchmarks._cli import BenchParser, positive_float, positive_int
+from benchmarks.results_io import replacing, write_result
+
+DEFAULT_SIZES = (4096, 8192, 12288, 16384)
+
+
+def seconds_per_call(fn, seconds: float, synchronize) -> float:
+    """Median seconds of one call of fn over blocks of calls filling about ``seconds``, after a
+    warm-up call; ``synchronize`` waits for the device (a no-op on CPU)."""
+    fn()
+    synchronize()
+    start = time.perf_counter()
+    fn()
+    synchronize()
+    per_call = max(time.perf_counter() - start, 1e-7)
+    block = max(1, int(seconds / 5 / per_call))  # about five blocks in ``seconds``
+    samples = []
+    deadline = time.perf_counter() + seconds
+    while len(samples) < 3 or time.perf_counter() < deadline:
+        start = time.perf_counter()
+        for _ in range(block):
+            fn()
+        synchronize()
+        samples.append((time.perf_counter() - start) / block)
+    return statistics.median(samples)
+
+
+def matmul_tflops(m: int, k: int, n: int, device: str, dtype, seconds: float) -> float:
+    import torch
+
+    a = torch.randn(m, k, device=device, dtype=dtype)
+    b = torch.randn(k, n, device=device, dtype=dtype)
+    c = torch.empty(m, n, device=device, dtype=dtype)
+    t = seconds_per_call(lambda: torch.mm(a, b, out=c), seconds, _synchronizer(device))
+    return 2.0 * m * k * n / t / 1e12
+
+
+def attention_tflops(seq: int, heads: int, head_dim: int, device: str, dtype, seconds: float) -> float:
+    """Causal SDPA forward + backward, in the planner's FLOPs per second."""
+    import torch
+    import torch.nn.functional as F
+
+    q, k, v = (torch.randn(1, heads, seq, head_dim, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+    grad = torch.randn(1, heads, seq, head_dim, device=device, dtype=dtype)
+
+    def step():
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(grad)
+        q.grad = k.grad = v.grad = None
+
+    t = seconds_per_call(step, seconds, _synchronizer(device))
+    return causal_attention_flops(1, seq, seq, heads, head_dim) * (1 + FLASH_BACKWARD_RATIO) / t / 1e12
+
+
+def _synchronizer(device: str):
+    import torch
+
+    return torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+
+def sweep(sizes, device: str, dtype, seconds: float) -> list[dict]:
+    """Every (M, K, N) of sizes and its rate, fastest first."""
+    rows = [{"m": m, "k": k, "n": n, "tflops": matmul_tflops(m, k, n, device, dtype, seconds)}
+            for m, k, n in itertools.product(sizes, repeat=3)]
+    return sorted(rows, key=lambda r: -r["tflops"])
+
+
+def gpu_file_text(base: str, gemm_fraction: float, attention_fraction: float, comment: str) -> str:
+    """A GPU file (topology.hardware.load_gpu): the catalogue GPU as measured."""
+    return (f"# {comment}\nbase: {base}\ngemm_fraction: {gemm_fraction:.3f}\n"
+            f"attention_fraction: {attention_fraction:.3f}\n")
+
+
+def fraction(tflops: float, peak: float, what: str) -> float:
+    """Measured rate over the catalogue peak; above 1 means the catalogue's peak is low for this
+    part, and the file keeps 1 (the planner's ceiling) and says so."""
+    if tflops > peak:
+        print(f"note: {what} measured {tflops:.0f} TFLOP/s, above the catalogue's {peak:.0f}; written as 1.0",
+              file=sys.stderr)
+    return min(1.0, tflops / peak)
+
+
+def _sizes(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"sizes must be positive integers, got {text!r}")
+    return values
+
+
+def main(argv=None) -> int:
+    p = BenchParser("kernels", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="gpu-measured.yaml", help="the GPU file to write (default gpu-measured.yaml)")
+    p.add_argument("--sizes", type=_sizes, default=DEFAULT_SIZES, help="matmul dimensions to sweep, comma-separated")
+    p.add_argument("--seconds", type=positive_float, default=0.2, help="timing per shape (default 0.2)")
+    p.add_argument("--seq-len", type=positive_int, default=8192)
+    p.add_argument("--heads", type=positive_int, default=32)
+    p.add_argument("--head-dim", type=positive_int, default=128)
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    if out.suffix not in (".yaml", ".yml"):
+        p.error(f"--out {args.out}: the GPU file is YAML; name it .yaml or .yml")
+    if not out.parent.is_dir():
+        p.error(f"--out {args.out}: folder {out.parent} does not exist")
+    import torch
+
+    if not torch.cuda.is_available():
+        print("hybridpar bench kernels: no CUDA GPU here; run it on the GPU to measure", file=sys.stderr)
+        return 2
+    from benchmarks.gpu import catalogue_name
+
+    props = torch.cuda.get_device_properties(0)
+    base = catalogue_name(props.name, props.total_memory / 2**30)
+    peak = get_gpu(base).peak_tflops("bf16")
+    rows = sweep(args.sizes, "cuda", torch.bfloat16, args.seconds)
+    attention = attention_tflops(args.seq_len, args.heads, args.head_dim, "cuda", torch.bfloat16, args.seconds * 5)
+    best = rows[0]
+    gemm_f = fraction(best["tflops"], peak, "matmul")
+    attention_f = fraction(attention, peak, "attention")
+    date = datetime.now(timezone.utc).date().isoformat()
+    comment = (f"measured by `hybridpar bench kernels` on {props.name}, {date}: matmul {best['m']}x{best['k']}x{best['n']} "
+               f"at {best['tflops']:.0f} TFLOP/s, causal attention (seq {args.seq_len}, {args.heads} heads of "
+               f"{args.head_dim}) at {attention:.0f}, peak {peak:.0f}")
+    with replacing(out) as f:
+        f.write(gpu_file_text(base, gemm_f, attention_f, comment))
+    print(comment)
+    print(f"wrote {out}: gemm_fraction {gemm_f:.3f}, attention_fraction {attention_f:.3f} "
+          f"(catalogue: {get_gpu(base).gemm_fraction}, {get_gpu(base).attention_fraction}); "
+          f"use it with `hybridpar plan --gpu {out}`")
+    write_result("kernels", {"device": props.name, "catalogue_gpu": base, "peak_bf16_tflops": peak,
+                             "matmul": rows, "attention_tflops": attention, "gemm_fraction": gemm_f,
+                             "attention_fraction": attention_f, "gpu_file": str(out)},
+                 command=("hybridpar bench kernels " + " ".join(argv or [])).strip())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
