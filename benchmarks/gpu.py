@@ -19,7 +19,7 @@ import sys
 import time
 
 from topology.cost import model_flops_per_seq, step_cost
-from topology.hardware import get_gpu
+from topology.hardware import catalogue_for_device, get_gpu
 from topology.models import ModelSpec
 from topology.plan import Plan
 from topology.software import HYBRIDPAR, MEGATRON_CORE
@@ -36,17 +36,11 @@ PREDICTIONS = (("planner_hybridpar", HYBRIDPAR), ("planner_megatron_core_fused",
 
 
 def catalogue_name(device_name: str, memory_gib: float) -> str:
-    """Map torch.cuda.get_device_name() to topology/hardware.py's catalogue."""
-    name = device_name.upper()
-    if "H200" in name:
-        return "h200-141gb"
-    if "H800" in name:
-        return "h800-80gb"
-    if "H100" in name:
-        return "h100-80gb"
-    if "A100" in name:
-        return "a100-80gb" if memory_gib > 50 else "a100-40gb"
-    raise SystemExit(f"GPU {device_name!r} is not in topology/hardware.py's catalogue")
+    """The catalogue entry of this CUDA device (topology.hardware.catalogue_for_device), or exit."""
+    name = catalogue_for_device(device_name, memory_gib)
+    if name is None:
+        raise SystemExit(f"GPU {device_name!r} is not in topology/hardware.py's catalogue")
+    return name
 
 
 def make_plan(gpu: str, seq_len: int, micro_batch: int, global_batch: int) -> Plan:

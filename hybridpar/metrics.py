@@ -26,20 +26,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from topology.cost import model_flops_per_seq
-from topology.hardware import CATALOGUE, HardwareError, get_gpu
-
-# torch.cuda.get_device_name() substrings -> catalogue names (most specific first).
-DEVICE_NAMES = (("H200", "h200-141gb"), ("H800", "h800-80gb"), ("H100", "h100-80gb"),
-                ("A100-SXM4-40GB", "a100-40gb"), ("A100-PCIE-40GB", "a100-40gb"), ("A100", "a100-80gb"))
-
-
-def catalogue_gpu(device_name: str) -> Optional[str]:
-    """The catalogue GPU for a CUDA device name ("NVIDIA H100 80GB HBM3" -> h100-80gb), or None."""
-    for needle, name in DEVICE_NAMES:
-        if needle.lower() in device_name.lower() and name in CATALOGUE:
-            return name
-    return None
-
+from topology.hardware import HardwareError, catalogue_for_device, get_gpu
 
 @dataclass(frozen=True)
 class Yardstick:
@@ -72,7 +59,7 @@ def yardstick(plan, cuda: Optional[bool] = None, device_name: Optional[str] = No
         cuda = torch.cuda.is_available()
         if cuda and device_name is None:
             device_name = torch.cuda.get_device_name()
-    gpu_name = catalogue_gpu(device_name or "") if cuda else None
+    gpu_name = catalogue_for_device(device_name or "") if cuda else None
     device = "cpu" if not cuda else (gpu_name or device_name or "cuda")
     peak = None
     if gpu_name and plan.precision != "fp32":

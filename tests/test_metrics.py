@@ -1,7 +1,8 @@
 """hybridpar.metrics without a GPU: device names to catalogue peaks, MFU, the planner's prediction."""
 import pytest
 
-from hybridpar.metrics import Yardstick, catalogue_gpu, step_text, yardstick
+from hybridpar.metrics import Yardstick, step_text, yardstick
+from topology.hardware import catalogue_for_device
 from topology.cost import model_flops_per_seq
 from topology.models import PRESETS
 from topology.plan import Plan
@@ -11,9 +12,15 @@ from topology.search import evaluate
 @pytest.mark.parametrize("name, expected", [
     ("NVIDIA H100 80GB HBM3", "h100-80gb"), ("NVIDIA H200", "h200-141gb"), ("NVIDIA H800", "h800-80gb"),
     ("NVIDIA A100-SXM4-40GB", "a100-40gb"), ("NVIDIA A100-SXM4-80GB", "a100-80gb"), ("Tesla V100-SXM2-16GB", None),
+    ("NVIDIA B200", "b200-180gb"),
 ])
 def test_device_names(name, expected):
-    assert catalogue_gpu(name) == expected
+    assert catalogue_for_device(name) == expected
+
+
+def test_an_a100_without_its_size_in_the_name_is_told_by_its_memory():
+    assert catalogue_for_device("NVIDIA A100-SXM4", 39.4) == "a100-40gb"
+    assert catalogue_for_device("NVIDIA A100-SXM4", 79.1) == "a100-80gb"
 
 
 def test_mfu_against_the_device_peak_on_a_known_gpu():

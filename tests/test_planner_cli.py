@@ -262,3 +262,16 @@ def test_bad_gpu_file_is_one_line(tmp_path, content, message, capsys):
     path.write_text(content)
     code, out, err = run(["--model", "llama3-8b", "--gpus", "8", "--gpu", str(path)], capsys)
     assert code == 2 and out == "" and message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_b200_is_in_the_catalogue_and_plans_faster_than_h100(capsys):
+    """b200-180gb: 2.27x H100's dense bf16 peak at a lower measured GEMM fraction (0.742 vs 0.801),
+    2.4x the HBM bandwidth, twice the NVLink, the same 400 Gbit/s NICs: the same pinned Llama 3 8B
+    layout on one node is faster, by less than the peak ratio."""
+    argv = ["--model", "llama3-8b", "--gpus", "8", "--tp", "1", "--pp", "1", "--cp", "1", "--dp", "8",
+            "--micro-batch", "1", "--vpp", "1", "--zero", "1", "--recompute", "none", "--json"]
+    (h100,) = json.loads(run([*argv, "--gpu", "h100-80gb"], capsys)[1])["plans"]
+    (b200,) = json.loads(run([*argv, "--gpu", "b200"], capsys)[1])["plans"]
+    speedup = h100["step_time_s"] / b200["step_time_s"]
+    assert 1.6 < speedup < 2250 / 989
+    assert b200["mfu"] < 0.742 and b200["fits"]

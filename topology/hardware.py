@@ -67,6 +67,16 @@ _A100 = dict(bf16_tflops=312.0, fp8_tflops=None, nvlink_gbps=300.0, network_gbps
 _H100 = dict(bf16_tflops=989.0, fp8_tflops=1979.0, nvlink_gbps=450.0, network_gbps=50.0,
              gpus_per_node=8, sms=132, gemm_fraction=0.801, attention_fraction=0.5)
 
+# B200 (HGX, 1,000 W): 2,250 dense bf16, 4,500 dense fp8 TFLOP/s; HBM3e at 8 TB/s; NVLink 5
+# 1.8 TB/s per GPU bidirectional = 900 per direction (glennklockwood.com B200 notes; Vultr HGX B200
+# overview) [S]; nvidia-smi shows 179 GiB (Vultr) [S]. DGX B200: 8 x 400 Gb/s ConnectX-7 compute
+# NICs = 50 GB/s per GPU [R]; 148 SMs [R]. GEMMs: OpenXLA's measured sm_100 table
+# (xla/service/gpu/model/matmul_interpolator_data.h, key "sm_100_B200") peaks at 1,670 TFLOP/s bf16
+# (batch 4 x 4096^3, its largest shape) = 0.742 of peak [S], a lower bound on MAMF, since the table
+# stops at 4,096. Attention on Blackwell: no stored measurement; 0.5 as for H100 [assumed].
+_B200 = dict(bf16_tflops=2250.0, fp8_tflops=4500.0, nvlink_gbps=900.0, network_gbps=50.0,
+             gpus_per_node=8, sms=148, gemm_fraction=0.742, attention_fraction=0.5)
+
 CATALOGUE: dict[str, GPU] = {
     "a100-40gb": GPU("a100-40gb", memory_gib=40.0, hbm_tbps=1.555, **_A100),
     "a100-80gb": GPU("a100-80gb", memory_gib=80.0, hbm_tbps=2.039, **_A100),
@@ -80,10 +90,25 @@ CATALOGUE: dict[str, GPU] = {
     # H200: GH100 compute as H100 (989 / 1979 dense), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s
     # bidirectional, 700 W (formulas.md §7) [S]; nvidia-smi shows 143,771 MiB [R].
     "h200-141gb": GPU("h200-141gb", memory_gib=140.4, hbm_tbps=4.8, **_H100),
+    "b200-180gb": GPU("b200-180gb", memory_gib=179.0, hbm_tbps=8.0, **_B200),
 }
 
 ALIASES = {"h100": "h100-80gb", "h100-sxm": "h100-80gb", "a100": "a100-80gb", "h200": "h200-141gb",
-           "h800": "h800-80gb"}
+           "h800": "h800-80gb", "b200": "b200-180gb"}
+# torch.cuda.get_device_name() substrings -> catalogue names, most specific first.
+DEVICE_NAMES = (("B200", "b200-180gb"), ("H200", "h200-141gb"), ("H800", "h800-80gb"), ("H100", "h100-80gb"),
+                ("A100-SXM4-40GB", "a100-40gb"), ("A100-PCIE-40GB", "a100-40gb"), ("A100", "a100-80gb"))
+
+
+def catalogue_for_device(device_name: str, memory_gib: float | None = None) -> str | None:
+    """The catalogue GPU of a CUDA device name ("NVIDIA H100 80GB HBM3" -> h100-80gb), or None; an
+    A100 whose name gives no size is told apart by its memory when that is given."""
+    for needle, name in DEVICE_NAMES:
+        if needle.lower() in device_name.lower():
+            if name == "a100-80gb" and memory_gib is not None and memory_gib < 50:
+                return "a100-40gb"
+            return name
+    return None
 
 
 def get_gpu(name: str) -> GPU:
