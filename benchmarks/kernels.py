@@ -1,19 +1,21 @@
 """kernels: this GPU's achievable matmul and causal-attention rates, written as a GPU file for `hybridpar plan --gpu`.
 
 `hybridpar bench kernels [--out my-gpu.yaml] [--sizes 4096,8192,12288,16384] [--seconds 0.2]
-[--seq-len 8192] [--heads 32] [--head-dim 128]` on a machine with a CUDA GPU (it exits 2 without
+[--soak 60] [--seq-len 8192] [--heads 32] [--head-dim 128]` on a machine with a CUDA GPU (it exits 2 without
 one). The planner's two least certain numbers are how close a GPU's GEMMs and its attention kernel
 come to the dense bf16 peak (topology/hardware.py gemm_fraction, attention_fraction): this
 measures both on the GPU at hand, in the planner's own FLOP counts, and writes them as a GPU file
 (`base:` the catalogue entry of this GPU, the two fractions) that `hybridpar plan --gpu FILE` reads.
-* matmul: bf16 A (M x K) @ B (K x N) for every M, N, K of --sizes, --seconds each after a warm-up;
-  the fastest shape's rate over the peak is the maximum achievable matmul fraction (as
-  ml-engineering's mamf-finder.py measures it).
+* matmul: bf16 A (M x K) @ B (K x N) for every M, N, K of --sizes, --seconds each after a warm-up
+  (the fastest is the burst rate, MAMF, as ml-engineering's mamf-finder.py measures it); then the
+  fastest shape runs --soak seconds without pause, and the median over the second half, once
+  clocks and temperature have settled under the power limit, is the sustained rate whose fraction
+  of the peak the file gets (what a training step sees; README "Where the lean comes from").
 * attention: torch SDPA (FlashAttention on CUDA), causal, batch 1, forward and backward, counted
   as the planner counts it (topology/cost.py causal_attention_flops, backward
   FLASH_BACKWARD_RATIO x the forward).
 Also writes benchmarks/results/kernels.json (every shape's rate, device, versions).
-Run it on an otherwise idle GPU; to see what a busy node does, run one per GPU at once.
+To see what a full node sustains, run one per GPU at once (CUDA_VISIBLE_DEVICES=i, --out per GPU).
 """
 from __future__ import annotations
 
@@ -34,16 +36,19 @@ from benchmarks.results_io import replacing, write_result
 DEFAULT_SIZES = (4096, 8192, 12288, 16384)
 
 
-def seconds_per_call(fn, seconds: float, synchronize) -> float:
+def seconds_per_call(fn, seconds: float, synchronize, settle: float = 0.0) -> float:
     """Median seconds of one call of fn over blocks of calls filling about ``seconds``, after a
-    warm-up call; ``synchronize`` waits for the device (a no-op on CPU)."""
+    warm-up call; ``synchronize`` waits for the device (a no-op on CPU). ``settle``: the leading
+    fraction of the blocks left out (a soak's first part, before clocks and temperature settle)."""
     fn()
     synchronize()
     start = time.perf_counter()
     fn()
     synchronize()
     per_call = max(time.perf_counter() - start, 1e-7)
-    block = max(1, int(seconds / 5 / per_call))  # about five blocks in ``seconds``
+    block = max(1, int(seconds / 5 / per_call))  # about five blocks in ``seconds``, more when settling
+    if settle:
+        block = max(1, block // 4)
     samples = []
     deadline = time.perf_counter() + seconds
     while len(samples) < 3 or time.perf_counter() < deadline:
@@ -52,16 +57,16 @@ def seconds_per_call(fn, seconds: float, synchronize) -> float:
             fn()
         synchronize()
         samples.append((time.perf_counter() - start) / block)
-    return statistics.median(samples)
+    return statistics.median(samples[int(len(samples) * settle):])
 
 
-def matmul_tflops(m: int, k: int, n: int, device: str, dtype, seconds: float) -> float:
+def matmul_tflops(m: int, k: int, n: int, device: str, dtype, seconds: float, settle: float = 0.0) -> float:
     import torch
 
     a = torch.randn(m, k, device=device, dtype=dtype)
     b = torch.randn(k, n, device=device, dtype=dtype)
     c = torch.empty(m, n, device=device, dtype=dtype)
-    t = seconds_per_call(lambda: torch.mm(a, b, out=c), seconds, _synchronizer(device))
+    t = seconds_per_call(lambda: torch.mm(a, b, out=c), seconds, _synchronizer(device), settle)
     return 2.0 * m * k * n / t / 1e12
 
 
@@ -125,6 +130,9 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="gpu-measured.yaml", help="the GPU file to write (default gpu-measured.yaml)")
     p.add_argument("--sizes", type=_sizes, default=DEFAULT_SIZES, help="matmul dimensions to sweep, comma-separated")
     p.add_argument("--seconds", type=positive_float, default=0.2, help="timing per shape (default 0.2)")
+    p.add_argument("--soak", type=positive_float, default=60.0,
+                   help="seconds the fastest shape then runs without pause; the rate over its second half is "
+                   "the sustained one written to the file (default 60)")
     p.add_argument("--seq-len", type=positive_int, default=8192)
     p.add_argument("--heads", type=positive_int, default=32)
     p.add_argument("--head-dim", type=positive_int, default=128)
@@ -147,11 +155,12 @@ def main(argv=None) -> int:
     rows = sweep(args.sizes, "cuda", torch.bfloat16, args.seconds)
     attention = attention_tflops(args.seq_len, args.heads, args.head_dim, "cuda", torch.bfloat16, args.seconds * 5)
     best = rows[0]
-    gemm_f = fraction(best["tflops"], peak, "matmul")
+    sustained = matmul_tflops(best["m"], best["k"], best["n"], "cuda", torch.bfloat16, args.soak, settle=0.5)
+    gemm_f = fraction(sustained, peak, "matmul")
     attention_f = fraction(attention, peak, "attention")
     date = datetime.now(timezone.utc).date().isoformat()
     comment = (f"measured by `hybridpar bench kernels` on {props.name}, {date}: matmul {best['m']}x{best['k']}x{best['n']} "
-               f"at {best['tflops']:.0f} TFLOP/s, causal attention (seq {args.seq_len}, {args.heads} heads of "
+               f"at {best['tflops']:.0f} TFLOP/s in a burst, {sustained:.0f} sustained over {args.soak:g} s, causal attention (seq {args.seq_len}, {args.heads} heads of "
                f"{args.head_dim}) at {attention:.0f}, peak {peak:.0f}")
     with replacing(out) as f:
         f.write(gpu_file_text(base, gemm_f, attention_f, comment))
@@ -160,7 +169,8 @@ def main(argv=None) -> int:
           f"(catalogue: {get_gpu(base).gemm_fraction}, {get_gpu(base).attention_fraction}); "
           f"use it with `hybridpar plan --gpu {out}`")
     write_result("kernels", {"device": props.name, "catalogue_gpu": base, "peak_bf16_tflops": peak,
-                             "matmul": rows, "attention_tflops": attention, "gemm_fraction": gemm_f,
+                             "matmul": rows, "matmul_sustained_tflops": sustained, "soak_s": args.soak,
+                             "attention_tflops": attention, "gemm_fraction": gemm_f,
                              "attention_fraction": attention_f, "gpu_file": str(out)},
                  command=("hybridpar bench kernels " + " ".join(argv or [])).strip())
     return 0

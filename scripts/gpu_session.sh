@@ -26,7 +26,7 @@ step() {  # name, seconds, command...
     echo "=== $name: exit $rc after $((SECONDS - t0)) s"
     [ $rc -eq 0 ] || status=1
 }
-step kernels 90 python3 -m hybridpar bench kernels --seconds 0.1 --out "$OUT/gpu-measured.yaml"
+step kernels 90 python3 -m hybridpar bench kernels --seconds 0.1 --soak 30 --out "$OUT/gpu-measured.yaml"
 [ -f "$OUT/gpu-measured.yaml" ] && cat "$OUT/gpu-measured.yaml"
 cp benchmarks/results/kernels.json "$OUT/" 2>/dev/null
 step attention 120 python3 tests/workers/attention_worker.py "$OUT/attention.json"

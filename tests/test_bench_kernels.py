@@ -25,6 +25,15 @@ def test_seconds_per_call_times_one_call():
     assert 0.004 <= t < 0.008
 
 
+def test_a_soak_times_the_calls_after_the_device_settled():
+    """A call that takes 6 ms for the first 0.15 s and 2 ms after (as a GPU's clock drops under
+    its power limit, in reverse): timed over 0.6 s leaving out the first half, it is the later 2 ms."""
+    t0 = time.perf_counter()
+    call = lambda: time.sleep(0.006 if time.perf_counter() - t0 < 0.15 else 0.002)
+    t = seconds_per_call(call, 0.6, lambda: None, settle=0.5)
+    assert 0.002 <= t < 0.004
+
+
 def test_matmul_rate_is_its_flops_over_its_time():
     """On CPU, fp32: the rate of 256^3 is 2 x 256^3 FLOPs over the time torch.mm takes, measured
     independently here (the two timings agree within 3x, the noise of a shared 2-core machine)."""

@@ -190,7 +190,7 @@ BAD_BENCH_INVOCATIONS = [
     ("gpu", ["--steps", "0"]), ("gpu", ["--global-batch", "15"]), ("gpu", ["--seq-len", "x"]),
     ("planner_speed", ["--repeats", "0"]), ("planner_speed", ["--bogus"]),
     ("kernels", ["--out", "gpu.json"]), ("kernels", ["--out", "no/such/folder/gpu.yaml"]),
-    ("kernels", ["--sizes", "4096,0"]), ("kernels", ["--sizes", "4k"]), ("kernels", ["--seconds", "0"]),
+    ("kernels", ["--sizes", "4096,0"]), ("kernels", ["--sizes", "4k"]), ("kernels", ["--seconds", "0"]), ("kernels", ["--soak", "-1"]),
 ]
 
 
