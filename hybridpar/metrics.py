@@ -28,6 +28,7 @@ from typing import Optional
 from topology.cost import model_flops_per_seq
 from topology.hardware import HardwareError, catalogue_for_device, get_gpu
 
+
 @dataclass(frozen=True)
 class Yardstick:
     """What a measured step is compared against."""

@@ -151,7 +151,7 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
             continue
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if key in _COUNTS:
-            if not (number and value == int(value) and value >= 1):
+            if not (number and math.isfinite(value) and value == int(value) and value >= 1):
                 raise HardwareError(f"{source}: {key} must be a positive integer, got {value!r}")
             values[key] = int(value)
         elif not (number and 0 < value < math.inf) or (key in _FRACTIONS and value > 1):
