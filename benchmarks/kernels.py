@@ -19,7 +19,6 @@ To see what a full node sustains, run one per GPU at once (CUDA_VISIBLE_DEVICES=
 """
 from __future__ import annotations
 
-import argparse
 import itertools
 import statistics
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 from topology.cost import FLASH_BACKWARD_RATIO, causal_attention_flops
 from topology.hardware import get_gpu
 
-from benchmarks._cli import BenchParser, positive_float, positive_int
+from benchmarks._cli import BenchParser, int_list, positive_float, positive_int
 from benchmarks.results_io import replacing, write_result
 
 DEFAULT_SIZES = (4096, 8192, 12288, 16384)
@@ -115,20 +114,11 @@ def fraction(tflops: float, peak: float, what: str) -> float:
     return min(1.0, tflops / peak)
 
 
-def _sizes(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of integers") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"sizes must be positive integers, got {text!r}")
-    return values
-
-
 def main(argv=None) -> int:
     p = BenchParser("kernels", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="gpu-measured.yaml", help="the GPU file to write (default gpu-measured.yaml)")
-    p.add_argument("--sizes", type=_sizes, default=DEFAULT_SIZES, help="matmul dimensions to sweep, comma-separated")
+    p.add_argument("--sizes", default=",".join(map(str, DEFAULT_SIZES)),
+                   help="matmul dimensions to sweep, comma-separated (default 4096,8192,12288,16384)")
     p.add_argument("--seconds", type=positive_float, default=0.2, help="timing per shape (default 0.2)")
     p.add_argument("--soak", type=positive_float, default=60.0,
                    help="seconds the fastest shape then runs without pause; the rate over its second half is "
@@ -137,6 +127,9 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=positive_int, default=32)
     p.add_argument("--head-dim", type=positive_int, default=128)
     args = p.parse_args(argv)
+    sizes = int_list(p, "--sizes", args.sizes)
+    if min(sizes) < 1:
+        p.error(f"--sizes {args.sizes}: matmul dimensions must be positive integers")
     out = Path(args.out)
     if out.suffix not in (".yaml", ".yml"):
         p.error(f"--out {args.out}: the GPU file is YAML; name it .yaml or .yml")
@@ -152,7 +145,7 @@ def main(argv=None) -> int:
     props = torch.cuda.get_device_properties(0)
     base = catalogue_name(props.name, props.total_memory / 2**30)
     peak = get_gpu(base).peak_tflops("bf16")
-    rows = sweep(args.sizes, "cuda", torch.bfloat16, args.seconds)
+    rows = sweep(sizes, "cuda", torch.bfloat16, args.seconds)
     attention = attention_tflops(args.seq_len, args.heads, args.head_dim, "cuda", torch.bfloat16, args.seconds * 5)
     best = rows[0]
     sustained = matmul_tflops(best["m"], best["k"], best["n"], "cuda", torch.bfloat16, args.soak, settle=0.5)

@@ -9,7 +9,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .spec_files import SUFFIXES, read_mapping
+from .spec_files import names_a_file, read_mapping
 
 GIB = 1024**3
 
@@ -121,7 +121,7 @@ def get_gpu(name: str) -> GPU:
 # A GPU file describes hardware the catalogue lacks, or a catalogue GPU as measured on one's own
 # cluster: "base" names a catalogue entry whose values the file's keys replace (e.g. a measured
 # gemm_fraction from mamf-finder, the NICs of one's nodes); without "base" every field is given.
-_GPU_FIELDS = {f.name: f for f in fields(GPU)}
+_GPU_FIELDS = tuple(f.name for f in fields(GPU))
 _FRACTIONS = ("gemm_fraction", "attention_fraction")
 _COUNTS = ("gpus_per_node", "sms")
 
@@ -162,7 +162,6 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
 
 def load_gpu(name_or_path: str) -> GPU:
     """A catalogue name (or alias), or a path to a .json/.yaml/.yml GPU file."""
-    path = Path(name_or_path)
-    if path.suffix not in SUFFIXES and not path.is_file():
+    if not names_a_file(name_or_path):
         return get_gpu(name_or_path)
     return gpu_from_dict(read_mapping(name_or_path, "GPU", HardwareError), name_or_path)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .spec_files import SUFFIXES, read_mapping
+from .spec_files import names_a_file, read_mapping
 
 MLP_KINDS = ("swiglu", "gelu")
 
@@ -113,7 +113,6 @@ def load_model(name_or_path: str) -> ModelSpec:
     """A preset name, or a path to a .json/.yaml/.yml file with the model keys."""
     if name_or_path in PRESETS:
         return PRESETS[name_or_path]
-    path = Path(name_or_path)
-    if path.suffix not in SUFFIXES and not path.is_file():
+    if not names_a_file(name_or_path):
         raise ModelSpecError(f"unknown model {name_or_path!r}; presets: {', '.join(PRESETS)}, or give a .json/.yaml file")
     return model_from_dict(read_mapping(name_or_path, "model", ModelSpecError), name_or_path)

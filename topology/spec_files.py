@@ -8,6 +8,13 @@ from pathlib import Path
 SUFFIXES = (".json", ".yaml", ".yml")
 
 
+def names_a_file(text: str) -> bool:
+    """A --model/--gpu value is a file when it has a spec file's suffix or is an existing file;
+    anything else is a preset or catalogue name."""
+    path = Path(text)
+    return path.suffix in SUFFIXES or path.is_file()
+
+
 def read_mapping(path_text: str, what: str, error: type[Exception]) -> dict:
     """The mapping in the file at path_text; ``what`` ("model", "GPU") names it in errors, which
     are raised as ``error`` with one line."""
