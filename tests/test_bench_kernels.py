@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.kernels import attention_tflops, gpu_file_text, matmul_tflops, seconds_per_call, sweep
+from benchmarks.kernels import attention_tflops, fraction, gpu_file_text, matmul_tflops, seconds_per_call, sweep
 from topology.cost import FLASH_BACKWARD_RATIO, causal_attention_flops, layer_time
 from topology.hardware import get_gpu, load_gpu
 from topology.models import load_model
@@ -79,6 +79,12 @@ def test_the_gpu_file_it_writes_is_the_planners(tmp_path):
     h200 = get_gpu("h200-141gb")
     assert (gpu.gemm_fraction, gpu.attention_fraction) == (0.823, 0.461)
     assert gpu.memory_gib == h200.memory_gib and gpu.bf16_tflops == h200.bf16_tflops and gpu.sms == h200.sms
+
+
+def test_a_rate_above_the_catalogue_peak_is_written_as_one_with_a_note(capsys):
+    assert fraction(800.0, 989.0, "matmul") == pytest.approx(800 / 989) and capsys.readouterr().err == ""
+    assert fraction(1100.0, 989.0, "matmul") == 1.0
+    assert "matmul measured 1100 TFLOP/s, above the catalogue's 989; written as 1.0" in capsys.readouterr().err
 
 
 def test_without_a_gpu_it_says_so_in_one_line(tmp_path):

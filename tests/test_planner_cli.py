@@ -277,3 +277,19 @@ def test_b200_is_in_the_catalogue_and_plans_faster_than_h100(capsys):
     speedup = h100["step_time_s"] / b200["step_time_s"]
     assert 1.6 < speedup < 2250 / 989
     assert b200["mfu"] < 0.742 and b200["fits"]
+
+
+def test_readme_figures_for_a_measured_h100_and_for_b200(tmp_path, capsys):
+    """README ("Planning a layout"): with gemm_fraction 0.68 in a GPU file, Llama 3 405B on 16,384
+    H100s keeps the catalogue's best layout (TP8 CP2 PP16 VPP8 DP64) at 5.75 s instead of 5.15 s;
+    on 16,384 B200s it plans TP8 CP2 PP32 VPP4 DP32 at 2.59 s."""
+    path = tmp_path / "my-h100.yaml"
+    path.write_text("base: h100-80gb\ngemm_fraction: 0.68\n")
+    argv = ["--model", "llama3-405b", "--gpus", "16384", "--top", "1", "--json"]
+    layout = lambda p: (p["tp"], p["cp"], p["pp"], p["vpp"], p["dp"])
+    (catalogue,) = json.loads(run(argv, capsys)[1])["plans"]
+    (measured,) = json.loads(run([*argv, "--gpu", str(path)], capsys)[1])["plans"]
+    (b200,) = json.loads(run([*argv, "--gpu", "b200-180gb"], capsys)[1])["plans"]
+    assert layout(measured) == layout(catalogue) == (8, 2, 16, 8, 64)
+    assert round(catalogue["step_time_s"], 2) == 5.15 and round(measured["step_time_s"], 2) == 5.75
+    assert layout(b200) == (8, 2, 32, 4, 32) and round(b200["step_time_s"], 2) == 2.59
