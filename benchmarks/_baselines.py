@@ -18,7 +18,7 @@ import torch.distributed as dist
 def _forward_step(data_iterator, model):
     batch = next(data_iterator)
     tokens, labels = batch[:, :-1], batch[:, 1:]
-    pos = torch.arange(tokens.shape[1]).unsqueeze(0).expand_as(tokens)
+    pos = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
     out = model(tokens, pos, None, labels=labels)
 
     def loss_func(t):
@@ -28,10 +28,10 @@ def _forward_step(data_iterator, model):
     return out, loss_func
 
 
-def _rows(source, plan, dp_rank: int, step: int) -> list[torch.Tensor]:
-    rows = source.global_batch(step)
-    per = rows.shape[0] // plan.dp
-    return list(rows[dp_rank * per:(dp_rank + 1) * per].split(plan.micro_batch))
+def _rows(source, plan, dp_rank: int, step: int, device) -> list[torch.Tensor]:
+    from hybridpar.data import replica_batch
+
+    return list(replica_batch(source, step, dp_rank, plan.dp).to(device).split(plan.micro_batch))
 
 
 class DDPLoop:
@@ -40,13 +40,14 @@ class DDPLoop:
 
         plan = job.plan
         self.plan, self.source, self.dp_rank = plan, job.source, dist.get_rank()
+        self.device = job.mesh.device
         opts = ModelOptions(seq_len=plan.seq_len, dtype=torch.float32)
         model = build_model(plan.model, job.mesh, opts, seed=0)[0]
         self.model = torch.nn.parallel.DistributedDataParallel(model)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.1)
 
     def step(self, step: int) -> None:
-        batches = _rows(self.source, self.plan, self.dp_rank, step)
+        batches = _rows(self.source, self.plan, self.dp_rank, step, self.device)
         for i, batch in enumerate(batches):
             ctx = self.model.no_sync() if i < len(batches) - 1 else _null()
             with ctx:
@@ -95,6 +96,7 @@ class HandLoop:
         plan = job.plan
         self.plan, self.source = plan, job.source
         self.dp_rank = ps.get_data_parallel_rank()
+        self.device = job.mesh.device
         opts = ModelOptions(seq_len=plan.seq_len, dtype=torch.float32)
         self.chunks = build_model(plan.model, job.mesh, opts, seed=0)
         opt = torch.optim.AdamW(param_groups(self.chunks, 0.1), lr=lr, betas=(0.9, 0.95))
@@ -106,7 +108,7 @@ class HandLoop:
     def step(self, step: int) -> None:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        batches = _rows(self.source, self.plan, self.dp_rank, step)
+        batches = _rows(self.source, self.plan, self.dp_rank, step, self.device)
         get_forward_backward_func()(
             forward_step_func=_forward_step, data_iterator=iter(batches), model=self.chunks[0],
             num_microbatches=len(batches), seq_length=self.plan.seq_len, micro_batch_size=self.plan.micro_batch)

@@ -21,20 +21,117 @@ megatron-core is written for CUDA. On a CPU-only torch build it breaks in a few 
 
 ``apply()`` does all of it, once per process, and only when CUDA is not available: the same
 runtime code then runs unchanged on NCCL/GPU, where ``apply()`` does nothing.
+
+Strict device mode (``HYBRIDPAR_STRICT_DEVICE=1``, set by the test suite): on a GPU, a tensor
+created without ``device=`` lands on the CPU while the rank computes on its GPU, and the first op
+that mixes the two fails. On CPU ranks both are the CPU, so such a bug stays hidden. In strict
+mode ``enter_strict_device_mode()`` (called by ``launch.init_distributed`` on every rank) makes
+the CPU rank's *default* device ``meta``: the rank still computes on ``cpu`` (``Mesh.device``),
+every tensor created without a device lands on ``meta``, and mixing it with real tensors, moving
+it, or reading its values fails as it would on a GPU.
 """
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 
 import torch
 from torch.overrides import TorchFunctionMode
 
 _APPLIED = False
 _MODE = None
+_STRICT_MODE = None
+STRICT_DEVICE_ENV = "HYBRIDPAR_STRICT_DEVICE"
 
 
 def on_cpu() -> bool:
     return not torch.cuda.is_available()
+
+
+def strict_device_requested() -> bool:
+    return os.environ.get(STRICT_DEVICE_ENV, "") not in ("", "0")
+
+
+class MixedDeviceError(RuntimeError):
+    """A torch call mixed a tensor created without a device (on ``meta``) with real tensors."""
+
+
+class NoMetaMixing(TorchFunctionMode):
+    """Refuses any torch call that mixes ``meta`` tensors with tensors on a real device. Some
+    kernels (``F.embedding``, ``matmul``) accept a meta operand beside CPU ones and return
+    garbage instead of failing: on a GPU the same call fails with "Expected all tensors to be on
+    the same device", and so it does here.
+
+    Only hybridpar's own code (and its tests and benchmarks) is held to this: a tensor that
+    megatron-core, DeepSpeed or torch create without a device is host-side bookkeeping there
+    (megatron reads a mask type back with ``.item()``, counts tokens in a CPU scalar), correct on a
+    GPU, so it stays on the CPU. So does a device-less scalar (0-dim) anywhere: CUDA kernels accept
+    CPU scalars beside device tensors."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _CONSTRUCTORS and kwargs.get("device") is None:
+            if not _called_from_project():
+                return func(*args, **dict(kwargs, device="cpu"))
+            out = func(*args, **kwargs)
+            if isinstance(out, torch.Tensor) and out.device.type == "meta" and out.dim() == 0:
+                return func(*args, **dict(kwargs, device="cpu"))
+            return out
+        devices = {a.device.type for a in _tensors(args, kwargs)}
+        if "meta" in devices and len(devices) > 1:
+            name = getattr(func, "__name__", str(func))
+            raise MixedDeviceError(
+                f"{name}: a tensor created without device= (strict device mode puts it on meta) meets "
+                f"tensors on {', '.join(sorted(devices - {'meta'}))}; on a GPU this fails the same way")
+        return func(*args, **kwargs)
+
+
+_PROJECT = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_TORCH = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+
+
+def _called_from_project() -> bool:
+    """Whether the first caller outside torch (and this module) is a file of this repository."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not (path.startswith(_TORCH) or path == __file__):
+            return path.startswith(_PROJECT) and "site-packages" not in path
+        frame = frame.f_back
+    return False
+
+
+def _constructors() -> frozenset:
+    from torch.utils._device import _device_constructors
+
+    return frozenset(_device_constructors())
+
+
+_CONSTRUCTORS = _constructors()
+
+
+def _tensors(args, kwargs):
+    for value in (*args, *kwargs.values()):
+        if isinstance(value, torch.Tensor):
+            yield value
+        elif isinstance(value, (list, tuple)):
+            yield from (v for v in value if isinstance(v, torch.Tensor))
+
+
+def enter_strict_device_mode() -> bool:
+    """On CPU ranks with ``HYBRIDPAR_STRICT_DEVICE=1``: tensors created without a device go to
+    ``meta`` and a call that mixes them with real tensors raises ``MixedDeviceError`` (this
+    thread; worker threads keep the CPU, as host code on a GPU machine does). Returns True when
+    the mode is active."""
+    global _STRICT_MODE
+    if not (on_cpu() and strict_device_requested()):
+        return False
+    if _STRICT_MODE is None:
+        torch.set_default_device("meta")
+        _STRICT_MODE = NoMetaMixing()
+        _STRICT_MODE.__enter__()
+    return True
 
 
 def _is_cuda_device(device) -> bool:

@@ -31,9 +31,10 @@ def sample_ids(model: LlamaReference, prompt: list[int], n: int, context: int, v
                cfg: SampleConfig) -> list[int]:
     """``n`` new token ids after ``prompt``; ids >= ``vocab`` (model padding) are never chosen."""
     gen = torch.Generator().manual_seed(cfg.seed)
+    device = model.device
     ids = list(prompt)
     for _ in range(n):
-        logits = model.logits(torch.tensor([ids[-context:]], dtype=torch.long))[0, -1, :vocab]
+        logits = model.logits(torch.tensor([ids[-context:]], dtype=torch.long, device=device))[0, -1, :vocab].cpu()
         if cfg.temperature <= 0:
             nxt = int(logits.argmax())
         else:
@@ -72,7 +73,7 @@ class SampleHook:
             if dist.get_rank() == 0 and self.print_fn:
                 self.print_fn("sample: skipped (the data source has no tokenizer)")
             return
-        weights = job.full_state_dict()  # collective: every rank
+        weights = job.full_state_dict()  # collective: every rank sends, rank 0 gets them on its CPU
         if dist.get_rank() != 0:
             return
         self.text = generate_text(weights, job.plan, tokenizer, self.cfg, tied=job.tied)

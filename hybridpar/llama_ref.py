@@ -43,6 +43,10 @@ class LlamaReference:
         if missing:
             raise KeyError(f"weights lack {len(missing)} parameter(s), e.g. {missing[0]}")
 
+    @property
+    def device(self) -> torch.device:
+        return self.w["embedding.word_embeddings.weight"].device
+
     def _names(self) -> list[str]:
         names = ["embedding.word_embeddings.weight", "decoder.final_layernorm.weight", self.out_name]
         for i in range(self.spec.layers):
@@ -56,10 +60,10 @@ class LlamaReference:
     def _norm(self, x: torch.Tensor, name: str) -> torch.Tensor:
         return F.rms_norm(x, (x.shape[-1],), self.w[name], self.opts.norm_eps)
 
-    def _rope(self, seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def _rope(self, seq: int, device) -> tuple[torch.Tensor, torch.Tensor]:
         dim = self.spec.head_dim
-        inv_freq = 1.0 / (self.opts.rope_base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
-        freqs = torch.outer(torch.arange(seq, dtype=torch.float32), inv_freq)
+        inv_freq = 1.0 / (self.opts.rope_base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim))
+        freqs = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv_freq)
         emb = torch.cat((freqs, freqs), dim=-1)  # [seq, dim]
         return emb.cos(), emb.sin()
 
@@ -79,7 +83,7 @@ class LlamaReference:
         v = v.transpose(1, 2).repeat_interleave(per, dim=1)
         q, k = self._rotate(q, cos, sin), self._rotate(k, cos, sin)
         scores = (q @ k.transpose(-1, -2)) / math.sqrt(hn)
-        causal = torch.ones(s, s, dtype=torch.bool).triu(1)
+        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).triu(1)
         probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
         out = (probs @ v).transpose(1, 2).reshape(b, s, m.heads * hn)
         return out @ self.w[p + "linear_proj.weight"].T
@@ -99,7 +103,7 @@ class LlamaReference:
     def logits(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [b, s] (int64) -> logits [b, s, vocab] (fp32)."""
         x = F.embedding(tokens, self.w["embedding.word_embeddings.weight"])
-        cos, sin = self._rope(tokens.shape[1])
+        cos, sin = self._rope(tokens.shape[1], tokens.device)
         for i in range(self.spec.layers):
             p = f"decoder.layers.{i}."
             x = x + self._attention(self._norm(x, p + "input_layernorm.weight"), i, cos, sin)

@@ -9,19 +9,22 @@ dropout, untied input/output embeddings by default.
 
 Every parameter has a *canonical name* (its name in the one-process model, with global layer
 numbers) and a rule that maps the full tensor to this rank's TP shard (``shard_of_full``) and
-back (``full_from_shards``). Initialisation uses them: each full tensor is drawn from a
-generator seeded by (seed, canonical name) and sliced, so every layout starts from exactly the
-weights of the one-process model. Tests use the inverse to gather final weights.
+back (``full_from_shards``). Initialisation uses them: each rank draws only its shard's elements
+of the full tensor, on its device, from a counter-based generator keyed by (seed, canonical name)
+(``canonical_init``), so every layout starts from exactly the weights of the one-process model.
+megatron allocates the parameters on the rank's device and its own init methods are no-ops.
+Tests use the inverse to gather final weights.
 """
 from __future__ import annotations
 
 import math
-import zlib
 from dataclasses import dataclass
 
 import torch
 
 from topology.models import ModelSpec
+
+from .canonical_init import fill_normal_
 
 INIT_STD = 0.02
 
@@ -60,7 +63,12 @@ def transformer_config(spec: ModelSpec, mesh, opts: ModelOptions):
         hidden_dropout=0.0,
         attention_dropout=0.0,
         init_method_std=INIT_STD,
-        perform_initialization=True,  # also sets the TP attributes; then overwritten by canonical init
+        # megatron allocates each weight on the device and sets its TP attributes; the values come
+        # from init_weights (canonical, layout-free), so its own draws would be wasted work.
+        perform_initialization=True,
+        init_method=_left_to_canonical_init,
+        output_layer_init_method=_left_to_canonical_init,
+        embedding_init_method=_left_to_canonical_init,
         tensor_model_parallel_size=mesh.layout.tp,
         pipeline_model_parallel_size=mesh.layout.pp,
         virtual_pipeline_model_parallel_size=mesh.vpp if mesh.vpp > 1 else None,
@@ -69,7 +77,7 @@ def transformer_config(spec: ModelSpec, mesh, opts: ModelOptions):
         params_dtype=opts.dtype,
         pipeline_dtype=opts.dtype,
         bf16=opts.dtype == torch.bfloat16,
-        use_cpu_initialization=not on_gpu,
+        use_cpu_initialization=False,  # allocate on torch.cuda.current_device() (cpu.py: the CPU there)
         gradient_accumulation_fusion=False,
         bias_activation_fusion=False,
         masked_softmax_fusion=False,
@@ -96,6 +104,10 @@ def transformer_config(spec: ModelSpec, mesh, opts: ModelOptions):
     elif opts.recompute != "none":
         raise ValueError(f"unknown recompute {opts.recompute!r}: none, selective or full")
     return TransformerConfig(**kwargs)
+
+
+def _left_to_canonical_init(weight) -> None:
+    """megatron's init hook: nothing to draw here, ``init_weights`` sets every value."""
 
 
 def build_model(spec: ModelSpec, mesh, opts: ModelOptions, seed: int = 0) -> list:
@@ -158,7 +170,8 @@ class RMSNorm(torch.nn.Module):
     def __init__(self, config, hidden_size: int, eps: float = 1e-5):
         super().__init__()
         self.hidden_size, self.eps = hidden_size, eps
-        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        device = torch.cuda.current_device()  # as megatron's own layers (cpu.py: the CPU on CPU ranks)
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype, device=device))
         setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel))
 
     def forward(self, x):
@@ -199,19 +212,30 @@ def canonical_params(chunks, tied: bool | None = None):
             yield cname, p
 
 
+def shard_positions(p, full_len: int, tp_rank: int, tp: int, device=None) -> torch.Tensor:
+    """Positions, along ``p.partition_dim`` of the full tensor, of TP rank ``tp_rank``'s shard:
+    its contiguous 1/tp slice, or for SwiGLU's fc1 ([gate; up] stacked) its slice of each half."""
+    whole = torch.arange(full_len, dtype=torch.int64, device=device)
+    if getattr(p, "_hybridpar_gated", False):
+        gate, up = whole.chunk(2)
+        return torch.cat([gate.chunk(tp)[tp_rank], up.chunk(tp)[tp_rank]])
+    return whole.chunk(tp)[tp_rank]
+
+
+def _tp_split(p, tp: int) -> bool:
+    return tp > 1 and getattr(p, "tensor_model_parallel", False)
+
+
 def shard_of_full(cname: str, p, full: torch.Tensor, tp_rank: int, tp: int) -> torch.Tensor:
-    if tp == 1 or not getattr(p, "tensor_model_parallel", False):
+    if not _tp_split(p, tp):
         return full
     dim = p.partition_dim
-    if getattr(p, "_hybridpar_gated", False):
-        gate, up = full.chunk(2, dim=0)
-        return torch.cat([gate.chunk(tp, dim=0)[tp_rank], up.chunk(tp, dim=0)[tp_rank]], dim=0)
-    return full.chunk(tp, dim=dim)[tp_rank]
+    return full.index_select(dim, shard_positions(p, full.shape[dim], tp_rank, tp, device=full.device))
 
 
 def full_from_shards(cname: str, p, shards: list[torch.Tensor]) -> torch.Tensor:
     tp = len(shards)
-    if tp == 1 or not getattr(p, "tensor_model_parallel", False):
+    if not _tp_split(p, tp):
         return shards[0]
     if getattr(p, "_hybridpar_gated", False):  # SwiGLU fc1: each shard is [gate part; up part]
         gates, ups = zip(*(s.chunk(2, dim=0) for s in shards))
@@ -221,31 +245,38 @@ def full_from_shards(cname: str, p, shards: list[torch.Tensor]) -> torch.Tensor:
 
 def _full_shape(cname: str, p, tp: int) -> list[int]:
     shape = list(p.shape)
-    if tp > 1 and getattr(p, "tensor_model_parallel", False):
+    if _tp_split(p, tp):
         shape[p.partition_dim] *= tp
     return shape
 
 
-def _init_full(cname: str, shape, spec: ModelSpec, seed: int) -> torch.Tensor:
-    if cname.endswith("layernorm.weight") or cname.endswith("layer_norm_weight") or len(shape) == 1:
-        return torch.ones(shape)
-    gen = torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(cname.encode())) % (2**63))
-    std = INIT_STD
+def init_std(cname: str, spec: ModelSpec) -> float:
     if cname.endswith("linear_proj.weight") or cname.endswith("linear_fc2.weight"):
-        std = INIT_STD / math.sqrt(2.0 * spec.layers)  # megatron's scaled init for output projections
-    return torch.randn(shape, generator=gen) * std
+        return INIT_STD / math.sqrt(2.0 * spec.layers)  # megatron's scaled init for output projections
+    return INIT_STD
 
 
 @torch.no_grad()
 def init_weights(chunks, spec: ModelSpec, mesh, seed: int) -> None:
+    """Each parameter's shard of its canonical full tensor, drawn on the parameter's device:
+    vectors (norm weights) are ones, matrices N(0, std) from ``canonical_init`` keyed by
+    (seed, canonical name), so the shard's cost is its own size and every layout matches the
+    one-process model exactly."""
     tp, tp_rank = mesh.layout.tp, mesh.tp_rank
     for chunk in chunks:
         if spec.mlp == "swiglu" and hasattr(chunk, "decoder"):
             for layer in chunk.decoder.layers:
                 layer.mlp.linear_fc1.weight._hybridpar_gated = True
     for cname, p in canonical_params(chunks):
-        full = _init_full(cname, _full_shape(cname, p, tp), spec, seed)
-        p.copy_(shard_of_full(cname, p, full, tp_rank, tp).to(p.dtype))
+        if p.dim() == 1:
+            p.fill_(1.0)
+            continue
+        full_shape = _full_shape(cname, p, tp)
+        along = {}
+        if _tp_split(p, tp):
+            dim = p.partition_dim
+            along[dim] = shard_positions(p, full_shape[dim], tp_rank, tp, device=p.device)
+        fill_normal_(p, full_shape, along, seed, cname, init_std(cname, spec))
 
 
 def num_params(chunks) -> int:

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from topology.plan import Plan
 
+from .data.prefetch import BatchPrefetcher
 from .engine import OptimConfig, StageEngine, lr_at
 from .grad_sync import DEFAULT_BUCKET_NUMEL
 from .mesh import Mesh
@@ -67,6 +68,7 @@ class Job:
         torch.manual_seed(seed)
         self.engine = None
         self._chunks = build_model(plan.model, self.mesh, opts, seed=seed)
+        self.batches = BatchPrefetcher(source, self.mesh.dp_rank, plan.dp, self.mesh.device)
         self.engine = StageEngine(
             self._chunks, self.mesh, optim, plan.zero_stage, plan.micro_batch, plan.grad_accum,
             bf16=self.dtype == torch.bfloat16, overlap_grad_reduce=overlap_grad_reduce,
@@ -89,10 +91,7 @@ class Job:
 
     # --- one step ---------------------------------------------------------------------
     def replica_batches(self, step: int) -> list[torch.Tensor]:
-        rows = self.source.global_batch(step)
-        per = rows.shape[0] // self.plan.dp
-        mine = rows[self.mesh.dp_rank * per : (self.mesh.dp_rank + 1) * per].to(self.mesh.device)
-        return micro_batches(mine, self.plan.micro_batch)
+        return micro_batches(self.batches.rows(step), self.plan.micro_batch)
 
     def train_step(self, step: int) -> StepMetrics:
         start = time.perf_counter()
@@ -120,22 +119,28 @@ class Job:
         return float(value) / (self.plan.dp * self.plan.tp * self.plan.cp)
 
     # --- inspection -------------------------------------------------------------------
-    def full_state_dict(self) -> dict[str, torch.Tensor]:
-        """Every parameter as its full one-process tensor, on every rank (tests, small models)."""
+    def full_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor]:
+        """Every parameter as its full one-process fp32 tensor, on the CPU of rank ``dst`` ({} on
+        the other ranks). Collective. TP shards are gathered inside each TP group of the first
+        replica's first CP rank; each pipeline stage's TP rank 0 moves its full tensors to the host
+        and sends them to ``dst`` alone (small models: the whole model is held by one process)."""
         mesh, local = self.mesh, {}
+        sender = mesh.dp_rank == 0 and mesh.coord.cp == 0
         for cname, p in canonical_params(self.chunks):
+            if not sender:
+                continue
             shard = p.detach().float().contiguous()
             if mesh.size("tp") > 1 and getattr(p, "tensor_model_parallel", False):
                 shards = [torch.empty_like(shard) for _ in range(mesh.size("tp"))]
                 dist.all_gather(shards, shard, group=mesh.group("tp"))
             else:
                 shards = [shard]
-            if mesh.tp_rank == 0 and mesh.dp_rank == 0:
-                local[cname] = full_from_shards(cname, p, shards)
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, local)
+            if mesh.tp_rank == 0:
+                local[cname] = full_from_shards(cname, p, shards).to("cpu")
+        gathered = [None] * dist.get_world_size() if dist.get_rank() == dst else None
+        dist.gather_object(local, gathered, dst=dst)
         merged = {}
-        for part in gathered:
+        for part in gathered or ():
             merged.update(part)
         return merged
 
@@ -144,6 +149,7 @@ class Job:
             self.engine.sync_weights()  # no gather left in flight when the groups go
         self.engine = None
         self._chunks = None
+        self.batches.close()
         self.mesh.destroy()
 
 

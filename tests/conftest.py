@@ -1,5 +1,14 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures, and the strict device mode every rank of the suite runs in.
+
+``HYBRIDPAR_STRICT_DEVICE=1`` (hybridpar/cpu.py): every rank the tests start, through torchrun,
+``hybridpar train --nproc`` or a one-process worker, computes on the CPU while tensors created
+without a device land on ``meta``, so a missing ``device=`` fails here as it would on a GPU.
+"""
+import os
+
 import pytest
+
+os.environ.setdefault("HYBRIDPAR_STRICT_DEVICE", "1")
 
 
 @pytest.fixture

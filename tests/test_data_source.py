@@ -120,3 +120,41 @@ def test_make_token_source_kinds(corpus, tmp_path):
         make_token_source("indexed", seq_len=SEQ, global_batch_size=BATCH, model_vocab=320, path=str(tmp_path / "nope"))
     with pytest.raises(UsageError, match="fewer than seq_len"):
         IndexedTokens(prefix, 10_000, BATCH)
+
+
+def test_a_replica_reads_only_its_own_rows(corpus):
+    """``rows(step, start, stop)`` equals that slice of the global batch, for both sources, and
+    ``replica_batch`` asks its source for its replica's samples and no others."""
+    from hybridpar.data import replica_batch
+
+    prefix, _ = corpus
+    for src in (source(prefix), SyntheticTokens(SEQ, BATCH, 320, seed=0)):
+        full = src.global_batch(3)
+        assert torch.equal(src.rows(3, 2, 6), full[2:6])
+    indexed, read = source(prefix), []
+    real = indexed.sample
+    indexed.sample = lambda i: read.append(i) or real(i)
+    mine = replica_batch(indexed, 2, dp_rank=1, dp=4)
+    assert read == [BATCH + 2, BATCH + 3]  # step 2's samples 2 and 3 of 8: replica 1 of 4
+    assert torch.equal(mine, replica_rows(source(prefix).global_batch(2), 1, 4))
+
+
+def test_the_prefetcher_builds_the_next_step_while_this_one_runs(corpus):
+    from hybridpar.data import BatchPrefetcher, replica_batch
+
+    prefix, _ = corpus
+    src, built = source(prefix), []
+    real = src.rows
+    src.rows = lambda step, a, b: built.append(step) or real(step, a, b)
+    fetch = BatchPrefetcher(src, dp_rank=0, dp=2, device=torch.device("cpu"))
+    try:
+        first = fetch.rows(5)
+        fetch._pending[1].result()  # step 6, built in the background after step 5 was handed out
+        assert built == [5, 6]
+        second = fetch.rows(6)  # taken from the prefetch, not rebuilt
+        assert built.count(6) == 1  # step 7 may already be under way in the background
+        assert torch.equal(first, replica_batch(source(prefix), 5, 0, 2))
+        assert torch.equal(second, replica_batch(source(prefix), 6, 0, 2))
+        assert torch.equal(fetch.rows(2), replica_batch(source(prefix), 2, 0, 2))  # a jump: built in the foreground
+    finally:
+        fetch.close()

@@ -127,6 +127,17 @@ def test_layout_trains_like_one_process(runs, layout):
     print(name, record)
 
 
+def test_every_rank_ran_in_strict_device_mode_and_only_rank_0_holds_the_full_weights(runs):
+    """Strict device mode (hybridpar/cpu.py) was on in every rank of every layout, and the full
+    weights (Job.full_state_dict) reached rank 0's CPU and no other rank."""
+    _, ref, par = runs
+    for name, result in [*par.items(), *ref.items()]:
+        held = result["ranks_hold"]
+        assert all(h["default_device"] == "meta" for h in held), (name, held)
+        assert held[0]["state_keys"] > 0 and held[0]["state_devices"] == ["cpu"], (name, held[0])
+        assert all(h["state_keys"] == 0 for h in held[1:]), (name, held)
+
+
 @pytest.mark.parametrize("layout", [l for l in LAYOUTS if l.get("bucket")], ids=lambda l: l["name"])
 def test_dp_reduction_is_issued_during_the_backward(runs, layout):
     """Every bucket's all-reduce left from a gradient hook of the last backward pass, none from

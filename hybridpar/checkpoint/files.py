@@ -13,7 +13,6 @@ SAVE_DIR/
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
 import re
@@ -72,13 +71,32 @@ def write_bytes(path: str, data: bytes) -> FileRecord:
     return FileRecord(len(data), hashlib.sha256(data).hexdigest())
 
 
+class _HashingWriter:
+    """A file that hashes and counts what passes through it: ``torch.save`` streams into it."""
+
+    def __init__(self, f):
+        self.f, self.sha, self.size = f, hashlib.sha256(), 0
+
+    def write(self, data) -> int:
+        self.sha.update(data)
+        self.size += len(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
 def write_tensors(path: str, obj) -> FileRecord:
-    """``torch.save`` of plain containers of tensors and numbers (loadable with weights_only)."""
+    """``torch.save`` of plain containers of tensors and numbers (loadable with weights_only),
+    streamed to ``path`` and hashed on the way (no in-memory copy of the file), then fsync'd."""
     import torch
 
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return write_bytes(path, buf.getvalue())
+    with open(path, "wb") as f:
+        writer = _HashingWriter(f)
+        torch.save(obj, writer)
+        f.flush()
+        os.fsync(f.fileno())
+    return FileRecord(writer.size, writer.sha.hexdigest())
 
 
 def write_text_atomic(path: str, text: str) -> None:

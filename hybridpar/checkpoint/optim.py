@@ -64,7 +64,7 @@ class OptimizerView:
             state = self.base.state.get(flat, {})
             tensors = {"param": flat.detach().narrow(0, hp.start, hp.numel)}
             for key in MOMENTS:
-                tensors[key] = state[key].narrow(0, hp.start, hp.numel) if key in state else torch.zeros(hp.numel)
+                tensors[key] = state[key].narrow(0, hp.start, hp.numel) if key in state else torch.zeros(hp.numel, device=flat.device)
             return Fragment(m.lp_fragment_address.start, m.lp_fragment_address.numel, tensors)
         if self.dp_rank != 0:
             return None
@@ -72,7 +72,7 @@ class OptimizerView:
         state = self.base.state.get(master, {})
         tensors = {"param": master.detach().reshape(-1).float()}
         for key in MOMENTS:
-            tensors[key] = state[key].reshape(-1) if key in state else torch.zeros(p.numel())
+            tensors[key] = state[key].reshape(-1) if key in state else torch.zeros(p.numel(), device=master.device)
         return Fragment(0, p.numel(), tensors)
 
     def adam_step(self) -> int:
@@ -94,7 +94,8 @@ class OptimizerView:
             if "step" in state and torch.is_tensor(state["step"]):
                 state["step"].fill_(float(adam_step))
             else:
-                state["step"] = torch.tensor(float(adam_step), dtype=torch.float32)
+                # torch's AdamW keeps its step count on the host (unless capturable or fused)
+                state["step"] = torch.tensor(float(adam_step), dtype=torch.float32, device="cpu")
             for key in MOMENTS:
                 if key not in state:
                     state[key] = torch.zeros_like(t, memory_format=torch.preserve_format)

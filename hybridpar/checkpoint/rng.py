@@ -13,7 +13,7 @@ def capture() -> dict:
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     state = {
         "torch": torch.get_rng_state(),
-        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64), "gauss": gauss},
+        "python": {"version": version, "internal": torch.tensor(internal, dtype=torch.int64, device="cpu"), "gauss": gauss},
         "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype("int64")), "pos": int(pos),
                   "has_gauss": int(has_gauss), "cached": float(cached)},
         "megatron": _megatron_tracker_states(),

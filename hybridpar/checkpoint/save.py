@@ -17,6 +17,7 @@ import shutil
 import uuid
 from dataclasses import asdict
 
+import torch
 import torch.distributed as dist
 
 from ..model import canonical_params
@@ -35,6 +36,15 @@ def param_meta(cname: str, p, tp: int) -> dict:
     return {"full_shape": shape, "split": split, "gated": bool(getattr(p, "_hybridpar_gated", False))}
 
 
+def to_host(t: torch.Tensor) -> torch.Tensor:
+    """One fp32 copy of ``t`` in host memory (pinned on CUDA, so the copy runs without blocking):
+    no clone on the device, no second copy on the host. The caller synchronises before reading."""
+    cuda = t.device.type == "cuda"
+    host = torch.empty(t.shape, dtype=torch.float32, device="cpu", pin_memory=cuda)
+    host.copy_(t.detach(), non_blocking=cuda)
+    return host
+
+
 def rank_payload(job, step: int, save_id: str) -> tuple[dict, list, dict]:
     """This rank's file contents, its fragment index, and its parameters' metadata."""
     mesh, view = job.mesh, OptimizerView(job.engine, job.mesh.rank_in("dp_cp"))
@@ -49,8 +59,10 @@ def rank_payload(job, step: int, save_id: str) -> tuple[dict, list, dict]:
         if frag is None:
             continue
         tp_rank = 0 if replicated else mesh.tp_rank
-        fragments[cname] = {"start": frag.start, **{k: v.detach().float().clone() for k, v in frag.tensors.items()}}
+        fragments[cname] = {"start": frag.start, **{k: to_host(v) for k, v in frag.tensors.items()}}
         index.append([cname, tp_rank, mesh.pp_rank, frag.start, frag.numel])
+    if torch.cuda.is_available():
+        torch.cuda.current_stream().synchronize()  # the host copies were queued without blocking
     header = {"step": step, "save_id": save_id, "rank": dist.get_rank(),
               "coord": {"dp": mesh.dp_rank, "pp": mesh.pp_rank, "tp": mesh.tp_rank}}
     payload = {"header": header, "fragments": fragments, "adam_step": view.adam_step(), "rng": rng.capture()}
@@ -88,6 +100,7 @@ def save_checkpoint(job, save_dir: str, step: int, recipe=None, keep_last: int =
         record = write_tensors(os.path.join(tmp, name), payload)
         report.update(name=name, record=asdict(record), index=index, metas=metas,
                       coord=payload["header"]["coord"], adam_step=payload["adam_step"])
+        del payload  # the host copies: freed before the next collective
     except Exception as err:  # noqa: BLE001 - reported to every rank below
         report["error"] = f"rank {rank}: writing its checkpoint file failed: {err}"
     reports = [None] * dist.get_world_size()

@@ -82,8 +82,14 @@ class IndexedTokens:
     def global_batch(self, step: int) -> torch.Tensor:
         if step < 1:
             raise ValueError(f"steps are 1-based, got {step}")
-        start = (step - 1) * self.global_batch_size
-        return torch.stack([self.sample(i) for i in range(start, start + self.global_batch_size)])
+        return self.rows(step, 0, self.global_batch_size)
+
+    def rows(self, step: int, start: int, stop: int) -> torch.Tensor:
+        """Rows ``[start, stop)`` of step ``step``'s global batch; reads only those samples."""
+        if step < 1:
+            raise ValueError(f"steps are 1-based, got {step}")
+        first = (step - 1) * self.global_batch_size
+        return torch.stack([self.sample(i) for i in range(first + start, first + stop)])
 
     def sample(self, index: int) -> torch.Tensor:
         """Global sample ``index`` (0-based, over all epochs): seq_len+1 token ids."""

@@ -13,7 +13,8 @@ to AdamW (clipping off), compared with the reference through DeepSpeed's own par
 bf16 running sum of the same micro-batch gradients (``bf16_sum_err``, what autograd accumulates
 in a bf16 ``p.grad``).
 
-"train" layouts: S steps in bf16 and in fp32 (same seed, data, layout): both loss curves.
+"train" layouts: S steps in bf16 and in fp32 (same seed, data, layout), memorising one batch: both
+loss curves.
 Rank 0 writes DIR/results.json.
 """
 from __future__ import annotations
@@ -45,7 +46,15 @@ MODEL = ModelSpec(layers=4, hidden=64, ffn_hidden=176, heads=8, kv_heads=4, voca
 SEQ = 32
 
 
-def make_job(lay: dict, precision: str, global_batch: int, steps: int, grad_clip: float, lr: float) -> Job:
+class SameBatchEveryStep(SyntheticTokens):
+    """Step 1's batch at every step: the model memorises it, so the loss must fall step by step."""
+
+    def rows(self, step: int, start: int, stop: int):
+        return super().rows(1, start, stop)
+
+
+def make_job(lay: dict, precision: str, global_batch: int, steps: int, grad_clip: float, lr: float,
+             source_class=SyntheticTokens) -> Job:
     plan = Plan(
         model=MODEL, seq_len=SEQ, global_batch=global_batch, precision=precision,
         tp=lay.get("tp", 1), pp=lay.get("pp", 1), dp=lay.get("dp", 1),
@@ -53,7 +62,7 @@ def make_job(lay: dict, precision: str, global_batch: int, steps: int, grad_clip
     )
     assert not plan.violations(), plan.violations()
     optim = OptimConfig(lr=lr, min_lr=lr / 10, warmup_steps=1, total_steps=steps, grad_clip=grad_clip)
-    return Job(plan, optim, SyntheticTokens(SEQ, global_batch, MODEL.vocab, seed=0), seed=0)
+    return Job(plan, optim, source_class(SEQ, global_batch, MODEL.vocab, seed=0), seed=0)
 
 
 def accumulation_check(lay: dict, fp32_accum: bool) -> dict:
@@ -64,7 +73,7 @@ def accumulation_check(lay: dict, fp32_accum: bool) -> dict:
         hp_engine.FP32_GRAD_ACCUM = True
     params = [p for c in job.chunks for p in c.parameters() if p.requires_grad]
     assert all(p.dtype == torch.bfloat16 for p in params)
-    exact = {p: torch.zeros(p.shape, dtype=torch.float64) for p in params}
+    exact = {p: torch.zeros(p.shape, dtype=torch.float64, device=p.device) for p in params}
     bf16_sum: dict = {}
     counts = {p: 0 for p in params}
     names = {p: n for c in job.chunks for n, p in c.named_parameters()}
@@ -105,7 +114,7 @@ def accumulation_check(lay: dict, fp32_accum: bool) -> dict:
             dist.all_reduce(r, group=dp_group)
             dist.all_reduce(b, group=dp_group)
         ref[p], plain[p] = r / dp, b / dp
-    sq = torch.zeros(4, dtype=torch.float64)  # |got-ref|^2, |ref|^2 (partitions), |bf16-ref|^2, |ref|^2 (full)
+    sq = torch.zeros(4, dtype=torch.float64, device=job.mesh.device)  # |got-ref|^2, |ref|^2 (partitions), |bf16-ref|^2, |ref|^2 (full)
     covered = 0
     for p in params:
         if hp_engine.counted_in_norm(p, job.mesh.tp_rank) and job.mesh.dp_rank == 0:  # each element once
@@ -134,7 +143,7 @@ def accumulation_check(lay: dict, fp32_accum: bool) -> dict:
                 sq[1] += want.pow(2).sum()
                 covered += p.numel() if job.mesh.dp_rank == 0 else 0
     dist.all_reduce(sq)
-    total = torch.tensor([covered], dtype=torch.float64)
+    total = torch.tensor([covered], dtype=torch.float64, device=job.mesh.device)
     dist.all_reduce(total)
     result = {
         "deepspeed_err": float((sq[0] / sq[1]).sqrt()),
@@ -154,7 +163,8 @@ def accumulation_check(lay: dict, fp32_accum: bool) -> dict:
 def train_curve(lay: dict, precision: str, steps: int) -> dict:
     hp_engine.FP32_GRAD_ACCUM = lay.get("fp32_accum", True)
     try:
-        job = make_job(lay, precision, lay.get("global_batch", 16), steps, grad_clip=1.0, lr=3e-3)
+        job = make_job(lay, precision, lay.get("global_batch", 16), steps, grad_clip=1.0, lr=3e-3,
+                       source_class=SameBatchEveryStep)
     finally:
         hp_engine.FP32_GRAD_ACCUM = True
     losses, norms = [], []

@@ -29,7 +29,8 @@ def compute() -> dict:
         return real_all_reduce(tensor, group=group, async_op=async_op)
 
     grad_sync.dist.all_reduce = recording_all_reduce
-    a, b, c = (torch.nn.Parameter(torch.full((n,), 1.0)) for n in (2, 3, 4))
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    a, b, c = (torch.nn.Parameter(torch.full((n,), 1.0, device=device)) for n in (2, 3, 4))
     sync = grad_sync.OverlappedGradReduction([a, b, c], dist.group.WORLD, bucket_numel=1)
     out = {"buckets": [[int(p.numel()) for p in bucket] for bucket in sync.buckets]}
 

@@ -40,9 +40,9 @@ def compare(tied: bool, seq: int = 24, rope_theta: float = 10000.0) -> dict:
             if p.dim() == 2:
                 p.mul_(10)
             else:
-                p.add_(torch.randn(p.shape, generator=gen) * 0.3)
-    tokens = torch.randint(0, spec.vocab, (2, seq), generator=gen)
-    positions = torch.arange(seq).unsqueeze(0).expand_as(tokens)
+                p.add_(torch.randn(p.shape, generator=gen, device="cpu").to(p.device) * 0.3)
+    tokens = torch.randint(0, spec.vocab, (2, seq), generator=gen, device="cpu").to(job.mesh.device)
+    positions = torch.arange(seq, device=job.mesh.device).unsqueeze(0).expand_as(tokens)
     with torch.no_grad():
         megatron = job.chunks[0](tokens, positions, None).float()
     weights = job.full_state_dict()

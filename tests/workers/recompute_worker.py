@@ -63,7 +63,8 @@ def run_mode(cfg: dict, mode: str) -> tuple[dict, dict]:
         norms.append(m.grad_norm)
     state = job.full_state_dict()
     per = plan.grad_accum * cfg["steps"]
-    local = torch.tensor([counts["layer"], layers * per, counts["core_attention"], attns * per], dtype=torch.float64)
+    local = torch.tensor([counts["layer"], layers * per, counts["core_attention"], attns * per], dtype=torch.float64,
+                         device=job.mesh.device)
     dist.all_reduce(local)
     result = {
         "losses": losses, "grad_norms": norms,
@@ -82,6 +83,7 @@ def rng_rerun_check() -> float:
     """megatron's checkpoint with dropout drawn inside the model-parallel tracker (CPU accommodation 4
     of hybridpar/cpu.py): the rerun in backward must draw the same mask, so the input gradient
     equals the one without checkpointing. Returns the largest difference."""
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     from megatron.core import tensor_parallel
     from megatron.core.tensor_parallel.random import get_cuda_rng_tracker
 
@@ -93,11 +95,11 @@ def rng_rerun_check() -> float:
     for checkpointed in (False, True):
         torch.manual_seed(7)
         states = get_cuda_rng_tracker().get_states()
-        x = torch.randn(64, 32, requires_grad=True)
+        x = torch.randn(64, 32, requires_grad=True, device=device)
         y = tensor_parallel.checkpoint(f, False, x) if checkpointed else f(x)
-        torch.randn(1000)  # move the generators on before backward: the rerun must restore them
+        torch.randn(1000, device=device)  # move the generators on before backward: the rerun must restore them
         with get_cuda_rng_tracker().fork():
-            torch.randn(1000)
+            torch.randn(1000, device=device)
         y.sum().backward()
         grads.append(x.grad)
         get_cuda_rng_tracker().set_states(states)

@@ -67,10 +67,13 @@ def make_job(cfg: dict, layout: dict) -> Job:
 
 class FixedBatch:
     def __init__(self, batch):
-        self.batch = batch
+        self.batch, self.global_batch_size = batch, batch.shape[0]
 
     def global_batch(self, step):
         return self.batch
+
+    def rows(self, step, start, stop):
+        return self.batch[start:stop]
 
 
 def run_layout(cfg, layout, recorder):
@@ -92,7 +95,7 @@ def run_layout(cfg, layout, recorder):
                 with open(os.path.join(cfg["out"], f"{layout['name']}.events.json"), "w") as f:
                     json.dump(gathered, f)
         hashes = replica_hash(job.chunks, mesh)
-        same = torch.tensor([1 if len(set(hashes)) == 1 else 0])
+        same = torch.tensor([1 if len(set(hashes)) == 1 else 0], device=mesh.device)
         dist.all_reduce(same, op=dist.ReduceOp.MIN)
         identical.append(bool(same.item()))
         losses.append(m.loss)
@@ -109,13 +112,17 @@ def run_layout(cfg, layout, recorder):
     layers = [None] * dist.get_world_size()
     dist.all_gather_object(layers, [len(c.decoder.layers) for c in job.chunks])
     state = job.full_state_dict()
+    # Strict device mode (tests/conftest.py) in every rank, and the gathered weights on rank 0's CPU only.
+    held = [None] * dist.get_world_size()
+    dist.all_gather_object(held, {"default_device": str(torch.get_default_device()), "state_keys": len(state),
+                                  "state_devices": sorted({str(t.device) for t in state.values()})})
     inner = job.engine.engine.optimizer
     inner = getattr(inner, "optimizer", inner)  # ZeRO wraps the client torch optimizer
     opt_numel = sum(s["exp_avg"].numel() for s in inner.state.values() if "exp_avg" in s)
     job.close()
     gathers = [None] * dist.get_world_size()  # per rank: weights still in flight after each step
     dist.all_gather_object(gathers, in_flight)
-    return {"weights_in_flight_after_step": gathers, "grad_buckets_and_issued_in_backward": overlaps, "grad_and_whole_numel": numels, "layers_per_rank": layers, "opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
+    return {"ranks_hold": held, "weights_in_flight_after_step": gathers, "grad_buckets_and_issued_in_backward": overlaps, "grad_and_whole_numel": numels, "layers_per_rank": layers, "opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
 
 
 def main():
