@@ -5,6 +5,7 @@ import pytest
 
 from topology.models import PRESETS
 from topology.plan import PlanError
+from topology.memory import PARTS
 from topology.search import AXES, Request, search
 from topology.software import HYBRIDPAR, MEGATRON_CORE
 
@@ -63,7 +64,9 @@ def test_llama3_405b_best_plan_is_meta_layout_or_faster(llama_16k):
 def test_json_schema(llama_16k):
     entry = llama_16k.plans[0].to_json()
     assert set(entry) == PLAN_KEYS
-    assert set(entry["memory_gib"]) == {"params", "grads", "optimizer", "activations", "total"}
+    assert set(entry["memory_gib"]) == {*PARTS, "total"}
+    assert sum(v for k, v in entry["memory_gib"].items() if k != "total") == pytest.approx(
+        entry["memory_gib"]["total"], abs=0.06)
     assert set(entry["comm_s"]) == {"tp", "cp", "pp", "dp"}
     for r in llama_16k.rejected:
         assert set(r.to_json()) == {"tp", "pp", "cp", "dp", "reason"} and r.reason
@@ -116,5 +119,8 @@ def test_zero_shards_over_cp_ranks_when_there_is_no_dp():
     # the same weights) frees enough memory to drop recomputation. With DP = CP = 1 nothing shards.
     best = search(Request(PRESETS["llama3-405b"], 256, 512, 8192), top=1).plans[0].plan
     assert (best.tp, best.cp, best.pp, best.dp, best.zero_stage, best.recompute) == (8, 2, 16, 1, 1, "none")
-    lone = search(Request(PRESETS["llama3-405b"], 128, 256, 8192, pins={"cp": 1}), top=3).plans
+    # (megatron-core: hybridpar's foreach AdamW adds an 8-byte temporary per parameter of an unsharded
+    # optimizer, which 405B on 128 H100s has no room for)
+    lone = search(Request(PRESETS["llama3-405b"], 128, 256, 8192, pins={"cp": 1}, software=MEGATRON_CORE),
+                  top=3).plans
     assert lone and all(e.plan.zero_stage == 0 for e in lone if e.plan.dp == 1)
