@@ -41,6 +41,14 @@ LINK_EFFICIENCY = 0.8
 # Fraction of peak HBM bandwidth that streaming (elementwise) kernels reach [S, assumed].
 HBM_EFFICIENCY = 0.85
 TILE = (128, 256)
+# Smaller tiles cuBLAS falls back to when the large one leaves SMs idle (fewer tiles than SMs).
+TILES = (TILE, (128, 128), (64, 128))
+# Short-K cost (cost.k_efficiency): OpenXLA's measured sm_90 bf16 GEMM table
+# (xla/service/gpu/model/matmul_interpolator_data.h, "sm_90") runs 4096 x 4096 at K = 256, 512, 2048
+# and 4096 at 392, 543, 739 and 783 TFLOP/s: K / (K + 256) to within 7%, the 4096-cubed shapes at
+# MAMF (783-808 vs 792 TFLOP/s). Measured on Hopper, assumed for the other GPUs.
+SHORT_K = 256
+MAMF_K = 4096
 # Adam step per parameter of the optimizer shard: read and write fp32 master, momentum and
 # variance (24 B), read the gradient (4 B), write the 16-bit weight (2 B).
 OPTIMIZER_BYTES_PER_PARAM = 30
@@ -81,14 +89,29 @@ def causal_attention_flops(batch: int, q_tokens: int, k_tokens: int, heads: int,
 
 
 # ---------------------------------------------------------------- kernels -------------------
+def _tile_rate(tm: int, tn: int) -> float:
+    """A tile's rate relative to the large TILE: per FLOP it loads (1/tm + 1/tn) operand elements
+    into shared memory, and the large tile is the one that keeps the tensor cores fed."""
+    return (1 / TILE[0] + 1 / TILE[1]) / (1 / tm + 1 / tn)
+
+
+def k_efficiency(k: int) -> float:
+    """Share of the maximum achievable rate a GEMM with inner dimension k reaches: each output
+    tile fills its operand pipeline before the main loop and writes its accumulators after it, a
+    fixed cost worth SHORT_K elements of k. MAMF is reached from MAMF_K on."""
+    return min(1.0, (k / (k + SHORT_K)) / (MAMF_K / (MAMF_K + SHORT_K)))
+
+
 def gemm_time(m: int, k: int, n: int, gpu: GPU, peak: float, batch: int = 1, in_bytes: int = 2) -> float:
-    """Seconds for batch x (m x k) @ (k x n): roofline with wave quantisation."""
+    """Seconds for batch x (m x k) @ (k x n): roofline with wave quantisation over the SMs for the
+    best of the tile shapes cuBLAS chooses among, and the short-K cost."""
     best = 0.0
-    for tm, tn in (TILE, TILE[::-1]):
-        tiles = batch * ceil(m / tm) * ceil(n / tn)
-        waves = ceil(tiles / gpu.sms)
-        best = max(best, batch * m * n / (waves * gpu.sms * tm * tn))
-    compute = 2.0 * batch * m * k * n / (peak * gpu.gemm_fraction * best)
+    for tm, tn in TILES:
+        for a, b in ((tm, tn), (tn, tm)):
+            tiles = batch * ceil(m / a) * ceil(n / b)
+            waves = ceil(tiles / gpu.sms)
+            best = max(best, _tile_rate(a, b) * batch * m * n / (waves * gpu.sms * a * b))
+    compute = 2.0 * batch * m * k * n / (peak * gpu.gemm_fraction * best * k_efficiency(k))
     memory = batch * (in_bytes * (m * k + k * n) + 2 * m * n) / (gpu.hbm_tbps * 1e12 * HBM_EFFICIENCY)
     return max(compute, memory)
 
