@@ -38,6 +38,14 @@ from .stages import Stage, params_per_rank, stages
 # A100/H100 reach roughly 75-85% of NVLink and InfiniBand peak; DeepSeek-V3 measures 160 of
 # H800's 200 GB/s NVLink) [S]. Assumed, not fitted.
 LINK_EFFICIENCY = 0.8
+# Per-call latency of a collective: NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc,
+# ncclTopoTuneModel, Ring/Simple, the protocol of large messages): baseLat 8.4 us, plus hwLat per ring
+# step, 3.4 us over NVLink and 9.6 us over the network; a ring all-reduce across nodes pays 1.9x
+# ("plateau effect of ring", ncclTopoGetAlgoTime). Steps: 2(n-1) for an all-reduce, n-1 for a
+# reduce-scatter or all-gather, 1 for a pipeline send/receive.
+NCCL_BASE_LAT_S = 8.4e-6
+NCCL_HOP_LAT_S = {"nvlink": 3.4e-6, "network": 9.6e-6}
+NCCL_RING_PLATEAU = 1.9
 # Fraction of peak HBM bandwidth that streaming (elementwise) kernels reach [S, assumed].
 HBM_EFFICIENCY = 0.85
 TILE = (128, 256)
@@ -130,6 +138,21 @@ def link_time(nbytes: float, gbps: float) -> float:
     return nbytes / (gbps * 1e9 * LINK_EFFICIENCY)
 
 
+def nccl_latency(steps: int, ranks: int, nodes: int, allreduce: bool = False) -> float:
+    """Latency of one NCCL call of `steps` ring steps over `ranks` ranks on `nodes` nodes, in NCCL's
+    own cost model (see NCCL_BASE_LAT_S): the steps that cross nodes pay the network hop."""
+    if ranks <= 1:
+        return 0.0
+    inter = steps * (nodes - 1) / (ranks - 1)
+    lat = NCCL_BASE_LAT_S + (steps - inter) * NCCL_HOP_LAT_S["nvlink"] + inter * NCCL_HOP_LAT_S["network"]
+    return lat * (NCCL_RING_PLATEAU if allreduce and nodes > 1 else 1.0)
+
+
+def group_nodes(ranks: int, span: int, gpus_per_node: int) -> int:
+    """Nodes a group of `ranks` ranks, spread evenly over `span` consecutive GPUs, touches."""
+    return max(1, min(ranks, ceil(span / gpus_per_node)))
+
+
 @dataclass(frozen=True)
 class LayerTime:
     """One transformer layer, one micro-batch, one GPU (seconds)."""
@@ -141,6 +164,15 @@ class LayerTime:
 
 def _tp_bw(gpu: GPU, tp: int, gpus_per_node: int) -> float:
     return gpu.nvlink_gbps if tp <= gpus_per_node else gpu.network_gbps
+
+
+def _tp_call_latency(tp: int, sp: bool, gpus_per_node: int) -> float:
+    """Latency of one all-reduce equivalent of TP: an all-reduce, or with sequence parallelism an
+    all-gather and a reduce-scatter."""
+    nodes = group_nodes(tp, tp, gpus_per_node)
+    if sp:
+        return 2 * nccl_latency(tp - 1, tp, nodes)
+    return nccl_latency(2 * (tp - 1), tp, nodes, allreduce=True)
 
 
 def _hidden(comm: float, gemm: float, sw: Software) -> float:
@@ -202,7 +234,8 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         #     input re-all-gathered for the weight gradient (the forward's gather is not kept) and
         #     the input-gradient reduce-scatter (2 ar): 5 ar per layer, not 4.
         # Exposure: see software.Software.tp_bwd_overlap. Full recomputation repeats the forward's 2.
-        ar = link_time(2 * (tp - 1) / tp * tokens * h * 2, _tp_bw(gpu, tp, gpus_per_node))
+        ar = link_time(2 * (tp - 1) / tp * tokens * h * 2, _tp_bw(gpu, tp, gpus_per_node)) + _tp_call_latency(
+            tp, sp, gpus_per_node)
         tp_t = (2 + (2 if recompute == "full" else 0)) * ar
         for dgrad, wgrad in column:
             if sp:
@@ -216,7 +249,8 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         exchanges = 2 + (1 if recompute in ("full", "selective") else 0)
         kv_bytes = mb * seq * 2 * kv / tp * 2
         cp_bw = gpu.nvlink_gbps if tp * cp <= gpus_per_node else gpu.network_gbps
-        cp_t = exchanges * link_time((cp - 1) / cp * kv_bytes, cp_bw)
+        calls = nccl_latency(cp - 1, cp, group_nodes(cp, tp * cp, gpus_per_node))
+        cp_t = exchanges * (link_time((cp - 1) / cp * kv_bytes, cp_bw) + calls)
     return LayerTime(fwd, bwd, tp_t, cp_t)
 
 
@@ -244,7 +278,7 @@ def end_stage_tp_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: i
         return 0.0
     bw = _tp_bw(gpu, tp, gpus_per_node)
     ring = 2 * (tp - 1) / tp
-    ar = link_time(ring * tokens * m.hidden * 2, bw)
+    ar = link_time(ring * tokens * m.hidden * 2, bw) + _tp_call_latency(tp, sp, gpus_per_node)
     t = ar if embedding else 0.0
     if output:
         in_bytes = 1 if precision == "fp8" else 2
@@ -256,7 +290,8 @@ def end_stage_tp_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: i
             t += ar / 2 + _hidden(ar / 2, dgrad, sw) + _hidden(ar / 2, wgrad, sw)
         else:
             t += _hidden(ar, wgrad, sw)
-        t += 3 * link_time(ring * tokens * 4, bw)
+        t += 3 * (link_time(ring * tokens * 4, bw)
+                  + nccl_latency(2 * (tp - 1), tp, group_nodes(tp, tp, gpus_per_node), allreduce=True))
     return t
 
 
@@ -320,8 +355,11 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
     inside = plan.world_size <= plan.gpus_per_node or (plan.dp == 1 and plan.tp * plan.cp <= plan.gpus_per_node)
     bw = gpu.nvlink_gbps if inside else gpu.network_gbps
     ring = (d - 1) / d
-    grad = link_time(ring * n_params * (4 if sw.fp32_grads else 2), bw)  # reduce-scatter
-    gather = link_time(ring * n_params * 2, bw)  # all-gather of 16-bit weights
+    # one reduce-scatter and one all-gather call per gradient bucket
+    calls = ceil(n_params / GRAD_BUCKET_NUMEL) * nccl_latency(
+        d - 1, d, group_nodes(d, plan.world_size if plan.dp > 1 else plan.tp * plan.cp, plan.gpus_per_node))
+    grad = link_time(ring * n_params * (4 if sw.fp32_grads else 2), bw) + calls  # reduce-scatter
+    gather = link_time(ring * n_params * 2, bw) + calls  # all-gather of 16-bit weights
 
     def overlapped(t: float, behind: float, on: bool) -> float:
         """Bucket by bucket behind ``behind`` seconds of compute, except one bucket (the first
@@ -369,7 +407,8 @@ def _tied_embedding_sync(plan: Plan, gpu: GPU, sw: Software) -> float:
         return 0.0
     crosses = plan.tp * plan.cp * plan.pp > plan.gpus_per_node
     bw = gpu.network_gbps if crosses else gpu.nvlink_gbps
-    return link_time(plan.model.embedding_params / plan.tp * (4 if sw.fp32_grads else 2), bw)
+    return (link_time(plan.model.embedding_params / plan.tp * (4 if sw.fp32_grads else 2), bw)
+            + nccl_latency(2, 2, 2 if crosses else 1, allreduce=True))
 
 
 def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> StepCost:
@@ -384,7 +423,8 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
         crosses = plan.tp * plan.cp * plan.pp > plan.gpus_per_node
         bw = gpu.network_gbps if crosses else gpu.nvlink_gbps
         # Paired send+receive exchanges, or (blocking_p2p) a send and a receive one at a time.
-        pp_msg = (2 if sw.blocking_p2p else 1) * link_time(pp_message_bytes(plan, sw), bw)
+        pp_msg = (2 if sw.blocking_p2p else 1) * (link_time(pp_message_bytes(plan, sw), bw)
+                                                  + nccl_latency(1, 2, 2 if crosses else 1))
     worst = None
     for st in stages(plan):  # the slowest pipeline rank, all its per-micro-batch terms
         fwd, bwd = st.layers * lt.fwd, st.layers * lt.bwd
