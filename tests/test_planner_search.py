@@ -3,9 +3,9 @@ from dataclasses import replace
 
 import pytest
 
+from topology.memory import PARTS
 from topology.models import PRESETS
 from topology.plan import PlanError
-from topology.memory import PARTS
 from topology.search import AXES, Request, search
 from topology.software import HYBRIDPAR, MEGATRON_CORE
 
@@ -32,15 +32,19 @@ def test_llama3_405b_best_plan_is_meta_layout_or_faster(llama_16k):
     # TP8 PP16 DP128 needs full recomputation.
     assert pinned.plan.recompute == "full"
     # Under megatron-core (fp32 gradient reduce-scatter and weight all-gather, both overlapped, as
-    # hybridpar's grad_sync and param_gather now do at ZeRO-1) the best plan is hybridpar's, faster
-    # only by the gradient accumulation its GEMMs fuse (as fast with hybridpar's in-place add), and
+    # hybridpar's grad_sync and param_gather do at ZeRO-1) the best plan is one of hybridpar's top three
+    # (within 1% of its best), faster by the gradient accumulation its GEMMs fuse (within 3% with
+    # hybridpar's in-place add: megatron-core's DP-sized buckets make fewer NCCL calls, and its
+    # in-place FusedAdam needs no step temporary), and
     # Meta's layout needs full recomputation with ZeRO-1 too.
     core = search(Request(LLAMA, 16384, 2048, 8192, software=MEGATRON_CORE)).plans[0]
     assert core.fits and core.cost.step_time_s < 0.95 * best.cost.step_time_s
-    assert (core.plan.tp, core.plan.cp, core.plan.pp, core.plan.dp) == (best.plan.tp, best.plan.cp, best.plan.pp, best.plan.dp)
+    layout = lambda e: (e.plan.tp, e.plan.cp, e.plan.pp, e.plan.dp)
+    mine = {layout(e): e for e in llama_16k.plans[:3]}
+    assert layout(core) in mine and mine[layout(core)].cost.step_time_s < 1.01 * best.cost.step_time_s
     unfused = replace(MEGATRON_CORE, grad_accum_bytes_per_param=HYBRIDPAR.grad_accum_bytes_per_param)
     core_unfused = search(Request(LLAMA, 16384, 2048, 8192, software=unfused)).plans[0]
-    assert core_unfused.cost.step_time_s == pytest.approx(best.cost.step_time_s, rel=1e-9)
+    assert core_unfused.cost.step_time_s == pytest.approx(best.cost.step_time_s, rel=0.03)
     core_meta = search(Request(LLAMA, 16384, 2048, 8192, software=MEGATRON_CORE, pins=pins)).plans[0]
     assert core_meta.fits and core_meta.plan.zero_stage == 1 and core_meta.plan.recompute == "full"
     assert core_meta.cost.step_time_s > 1.20 * core.cost.step_time_s

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from math import ceil
+from math import ceil, log2
 
 from .hardware import GPU, get_gpu
 from .models import ModelSpec
@@ -57,6 +57,11 @@ TILES = (TILE, (128, 128), (64, 128))
 # MAMF (783-808 vs 792 TFLOP/s). Measured on Hopper, assumed for the other GPUs.
 SHORT_K = 256
 MAMF_K = 4096
+# FlashAttention-2 forward+backward, causal, head dimension 128 on A100 (Dao 2023, "FlashAttention-2",
+# Figure 4 [R]): about 126, 155, 172, 183 and 189 TFLOP/s at sequence 512, 1K, 2K, 4K and 8K, i.e.
+# seq / (seq + 256) to within 3%; head dimension 64 about 0.85 of 128's rate (same figure) [R].
+ATTN_SHORT_SEQ = 256
+ATTN_HEAD64 = 0.85
 # Adam step per parameter of the optimizer shard: read and write fp32 master, momentum and
 # variance (24 B), read the gradient (4 B), write the 16-bit weight (2 B).
 OPTIMIZER_BYTES_PER_PARAM = 30
@@ -153,6 +158,16 @@ def group_nodes(ranks: int, span: int, gpus_per_node: int) -> int:
     return max(1, min(ranks, ceil(span / gpus_per_node)))
 
 
+def attention_shape_factor(seq: int, head_dim: int) -> float:
+    """FlashAttention's rate at this sequence length and head dimension relative to the GPU's
+    attention_fraction (which is for head dimension 128 at 8K, causal): each query block pays a
+    fixed cost (loading Q, the final rescale, writing O) amortised over its key loop, as
+    seq / (seq + ATTN_SHORT_SEQ); head dimension 64 runs at ATTN_HEAD64 of 128's rate."""
+    amortised = min(1.0, (seq / (seq + ATTN_SHORT_SEQ)) / (8192 / (8192 + ATTN_SHORT_SEQ)))
+    head = 1.0 if head_dim >= 128 else max(ATTN_HEAD64, ATTN_HEAD64 + (1 - ATTN_HEAD64) * log2(head_dim / 64))
+    return amortised * head
+
+
 @dataclass(frozen=True)
 class LayerTime:
     """One transformer layer, one micro-batch, one GPU (seconds)."""
@@ -201,7 +216,8 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
             column.append((dgrad, wgrad))
     heads = m.heads // tp
     if sw.flash_attention:
-        af = causal_attention_flops(mb, s_loc, seq, heads, d) / (peak16 * (sw.attention_fraction or gpu.attention_fraction))
+        fraction = (sw.attention_fraction or gpu.attention_fraction) * attention_shape_factor(seq, d)
+        af = causal_attention_flops(mb, s_loc, seq, heads, d) / (peak16 * fraction)
         ab = FLASH_BACKWARD_RATIO * af
     else:
         qk_f, qk_b = gemm_fwd_bwd(s_loc, d, seq, gpu, peak16, mb * heads)
@@ -216,7 +232,9 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     mask = 1 if sw.dropout else 0
     hidden_bytes = (2 * 2 * 2 + 2 * 3 * 2 + 2 * mask) * h
     act_bytes = (3 if m.mlp == "swiglu" else 2) * 2 * f / tp
-    ew = tokens * (hidden_bytes / (tp if sp else 1) + act_bytes)
+    # RoPE reads and writes the rank's Q and K heads, 2 bytes each
+    rope_bytes = 2 * 2 * (h + kv) / tp if sw.rotary else 0.0
+    ew = tokens * (hidden_bytes / (tp if sp else 1) + act_bytes + rope_bytes)
     fwd += hbm_time(ew, gpu)
     bwd += hbm_time(2 * ew, gpu)
     if recompute == "full":
@@ -356,7 +374,9 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
     bw = gpu.nvlink_gbps if inside else gpu.network_gbps
     ring = (d - 1) / d
     # one reduce-scatter and one all-gather call per gradient bucket
-    calls = ceil(n_params / GRAD_BUCKET_NUMEL) * nccl_latency(
+    # megatron-core's bucket grows with DP (DistributedDataParallelConfig: max(40M, 1M x dp))
+    bucket = GRAD_BUCKET_NUMEL if sw.zero2_reduce_once else max(GRAD_BUCKET_NUMEL, 1_000_000 * d)
+    calls = ceil(n_params / bucket) * nccl_latency(
         d - 1, d, group_nodes(d, plan.world_size if plan.dp > 1 else plan.tp * plan.cp, plan.gpus_per_node))
     grad = link_time(ring * n_params * (4 if sw.fp32_grads else 2), bw) + calls  # reduce-scatter
     gather = link_time(ring * n_params * 2, bw) + calls  # all-gather of 16-bit weights

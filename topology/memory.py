@@ -27,6 +27,7 @@ plus one layer's full activations while it is being recomputed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from .cost import GRAD_BUCKET_NUMEL
 from .hardware import GIB
@@ -81,8 +82,9 @@ class StageMemory:
     fragmentation: float = 0.0  # the caching allocator's unreused blocks
 
     @property
-    def total(self) -> float:
-        return sum(getattr(self, k) for k in PARTS)
+    def total(self) -> float:  # the sum over PARTS, written out: the search calls it for every candidate
+        return (self.params + self.grads + self.optimizer + self.activations + self.logits + self.pipeline_buffers
+                + self.framework_buffers + self.optimizer_step_temp + self.cuda_context + self.nccl + self.fragmentation)
 
     @property
     def states(self) -> float:
@@ -152,21 +154,25 @@ def _nccl_bytes(plan: Plan, stage: Stage) -> float:
     """NCCL buffers of the communicators this rank runs collectives or sends on: TP, CP, the
     pipeline's neighbours, DP x CP, the tied-embedding group of the end stages and the world group
     (loss and timing reductions). A group that leaves the node rings over the network."""
-    n = plan.gpus_per_node
+    tied_end = plan.model.tied_embeddings and (stage.has_embedding or stage.has_output)
+    return _nccl_group_bytes(plan.tp, plan.cp, plan.pp, plan.dp, plan.gpus_per_node, tied_end)
+
+
+@lru_cache(maxsize=None)
+def _nccl_group_bytes(tp: int, cp: int, pp: int, dp: int, per_node: int, tied_end: bool) -> float:
     groups = []  # span in GPUs (for locality) of each group with more than one rank
-    if plan.tp > 1:
-        groups.append(plan.tp)
-    if plan.cp > 1:
-        groups.append(plan.tp * plan.cp)
-    if plan.pp > 1:
-        groups.append(plan.tp * plan.cp * plan.pp)
-        if plan.model.tied_embeddings and (stage.has_embedding or stage.has_output):
-            groups.append(plan.tp * plan.cp * plan.pp)
-    if plan.zero_group > 1:
-        groups.append(plan.world_size if plan.dp > 1 else plan.tp * plan.cp)
-    if plan.world_size > 1:
-        groups.append(plan.world_size)
-    return sum(NCCL_CHANNEL_BYTES * (NCCL_CHANNELS_NVLINK if span <= n else NCCL_CHANNELS_NETWORK)
+    if tp > 1:
+        groups.append(tp)
+    if cp > 1:
+        groups.append(tp * cp)
+    if pp > 1:
+        groups += [tp * cp * pp] * (2 if tied_end else 1)
+    world = tp * cp * pp * dp
+    if dp * cp > 1:
+        groups.append(world if dp > 1 else tp * cp)
+    if world > 1:
+        groups.append(world)
+    return sum(NCCL_CHANNEL_BYTES * (NCCL_CHANNELS_NVLINK if span <= per_node else NCCL_CHANNELS_NETWORK)
                for span in groups)
 
 

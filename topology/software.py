@@ -96,6 +96,9 @@ class Software:
     # Activation recomputation modes it offers (selective recomputation came with sequence
     # parallelism in 2022, Korthikanti et al.).
     recompute_modes: tuple[str, ...] = ("none", "selective", "full")
+    # Rotary position embeddings applied to Q and K in every layer (Llama, Nemotron); the 2021-2022
+    # GPT models used learned absolute position embeddings, BLOOM ALiBi (inside the softmax kernel).
+    rotary: bool = True
     # Memory the framework holds beyond the model states and activations (topology/memory.py):
     # bytes per parameter of the optimizer shard that the optimizer step allocates as temporaries,
     # and whether the pipeline keeps each in-flight micro-batch's stage output in a buffer of its own.
@@ -144,9 +147,18 @@ MEGATRON_CORE = replace(HYBRIDPAR, name="megatron-core", label="megatron-core", 
 # megatron-core), and it splits pipeline messages over TP (scatter/gather, Narayanan et al. §4.1).
 # No ZeRO: its distributed optimizer came in 2022.
 MEGATRON_2021 = Software(name="megatron-lm-2021", label="Megatron-LM 2021", sequence_parallel=False, zero_stages=(0,),
-                         recompute_modes=("none", "full"),
+                         recompute_modes=("none", "full"), rotary=False,
                          flash_attention=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
                          overlap_p2p=False, grad_accum_bytes_per_param=GRAD_ADD_MIXED, tp_bwd_overlap=False, p2p_scatter_gather=True)
+# Megatron-LM 2022 (Korthikanti et al. 2022, "Reducing Activation Recomputation"): the 2021 layers
+# with sequence parallelism and selective recomputation (the attention core again in backward), still
+# no FlashAttention and dropout 0.1; --async-tensor-model-parallel-allreduce (the column-parallel
+# input-gradient all-reduce behind the weight-gradient GEMM), --gradient-accumulation-fusion (no
+# separate accumulation kernel) and --use-distributed-optimizer (ZeRO-1); the DP reduction still after
+# the pipeline flush (its overlap came in 2023).
+MEGATRON_2022 = replace(MEGATRON_2021, name="megatron-lm-2022", label="Megatron-LM 2022", sequence_parallel=True,
+                        recompute_modes=("none", "selective", "full"), zero_stages=(0, 1), tp_bwd_overlap=True,
+                        grad_accum_bytes_per_param=0)
 # The same code with --DDP-impl torch (examples/sc21/run_table_1.sh for the 1.7B-18B rows of
 # Narayanan et al.'s Table 1): torch's DistributedDataParallel all-reduces the fp16 gradients in
 # buckets as the last micro-batch's backward produces them (megatron's schedules run the others
@@ -174,5 +186,5 @@ DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, name="deepspeed-pipe-bf16",
 
 # `hybridpar plan --software NAME`: plan for hybridpar's runtime (default) or evaluate a layout
 # under the stack a published run used.
-PROFILES = {sw.name: sw for sw in (HYBRIDPAR, MEGATRON_CORE, MEGATRON_2021, MEGATRON_2021_TORCH_DDP,
+PROFILES = {sw.name: sw for sw in (HYBRIDPAR, MEGATRON_CORE, MEGATRON_2021, MEGATRON_2022, MEGATRON_2021_TORCH_DDP,
                                    DEEPSPEED_BF16_PIPE)}
