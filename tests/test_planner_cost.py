@@ -264,3 +264,28 @@ def test_torch_ddp_hides_the_all_reduce_behind_the_last_backward():
     assert local.dp_s > 0.25  # 3.4 GB of fp16 gradients, ring over 32 GPUs on 4 nodes' InfiniBand
     assert torch_ddp.dp_s < 0.05 * local.dp_s
     assert torch_ddp.step_time_s < local.step_time_s - 0.9 * local.dp_s
+
+
+def test_flash_attention_rate_follows_sequence_length_and_head_dimension():
+    from topology.cost import attention_shape_factor
+
+    assert attention_shape_factor(8192, 128) == 1.0 == attention_shape_factor(131072, 128)
+    assert attention_shape_factor(512, 128) == pytest.approx((512 / 768) / (8192 / 8448))
+    assert attention_shape_factor(8192, 64) == pytest.approx(0.85)
+    assert attention_shape_factor(2048, 64) < attention_shape_factor(2048, 128) < 1
+
+
+def test_megatron_lm_2022_is_2021_with_sequence_parallelism_and_selective_recomputation():
+    """Korthikanti et al. 2022's stack: GPT-3 175B at TP8 PP8 with SP and selective recomputation is
+    faster than Megatron-LM 2021's full recomputation of the same layout, and ZeRO-2 is not part of it."""
+    from topology.search import Request, search
+    from topology.software import MEGATRON_2021, PROFILES
+
+    sw = PROFILES["megatron-lm-2022"]
+    assert sw.sequence_parallel and "selective" in sw.recompute_modes and not sw.flash_attention
+    pins = {"tp": 8, "pp": 8, "cp": 1, "dp": 1, "micro_batch": 1, "vpp": 1, "zero_stage": 0}
+    new = search(Request(GPT3, 64, 64, 2048, gpu="a100-80gb", software=sw, pins={**pins, "recompute": "selective"}))
+    old = search(Request(GPT3, 64, 64, 2048, gpu="a100-80gb", software=MEGATRON_2021, pins={**pins, "recompute": "full"}))
+    assert new.plans[0].plan.sequence_parallel and new.plans[0].cost.step_time_s < 0.9 * old.plans[0].cost.step_time_s
+    with pytest.raises(Exception, match="ZeRO-2 is not part of Megatron-LM 2022"):
+        search(Request(GPT3, 64, 64, 2048, gpu="a100-80gb", software=sw, pins={"zero_stage": 2}))
