@@ -11,10 +11,12 @@
   device it runs on, or on the recipe's ``cluster.gpu`` when it runs on CPU; the planner models
   16-bit training, so an fp32 (CPU) run is predicted as bf16.
 
-Per step it adds to metrics.jsonl ``model_flops``, ``flops_per_s`` (whole job),
-``tflops_per_gpu`` (per rank: per GPU, or per CPU process), ``mfu`` (fraction of the peak, or null)
-and ``predicted_step_time_s`` (null when the planner cannot cost the layout), appends them to the
-step line, moves a tqdm bar on rank 0 when stdout is a terminal (lines then go through
+Per step it adds to metrics.jsonl ``model_flops``, ``flops_per_s`` (whole job), ``device``,
+``tflops_per_gpu`` on GPUs or ``tflops_per_rank`` on CPU ranks (a CPU process is not a GPU), ``mfu``
+(fraction of the peak, or null), ``predicted_step_time_s`` (null when the planner cannot cost the
+layout) and ``predicted_on`` (the GPU and precision the prediction is for). On CPU the prediction is
+for a GPU the run does not have: the step line leaves it out and ``describe`` says it is not
+comparable with the CPU timings. It appends them to the step line, moves a tqdm bar on rank 0 when stdout is a terminal (lines then go through
 ``tqdm.write`` so both stay readable) and, when ``torch.utils.tensorboard`` and tensorboard are
 importable, writes every number as a TensorBoard scalar under OUT/tensorboard.
 """
@@ -40,15 +42,21 @@ class Yardstick:
     predicted_step_time_s: Optional[float]
     predicted_on: str  # "h100-80gb bf16": what the prediction assumes
 
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu"
+
     def step_record(self, step_time_s: float) -> dict:
         flops_per_s = self.flops_per_step / step_time_s if step_time_s > 0 else 0.0
         tflops = flops_per_s / self.world / 1e12
         return {
             "model_flops": self.flops_per_step,
             "flops_per_s": flops_per_s,
-            "tflops_per_gpu": tflops,
+            "device": self.device,
+            "tflops_per_rank" if self.on_cpu else "tflops_per_gpu": tflops,
             "mfu": tflops / self.peak_tflops if self.peak_tflops else None,
             "predicted_step_time_s": self.predicted_step_time_s,
+            "predicted_on": self.predicted_on,
         }
 
 
@@ -89,17 +97,28 @@ def describe(y: Yardstick) -> str:
     peak = f"peak {y.peak_tflops:g} TFLOP/s per device" if y.peak_tflops else "no MFU (no known peak)"
     pred = (f"planner predicts {y.predicted_step_time_s:.4g} s/step for this layout on {y.predicted_on}"
             if y.predicted_step_time_s is not None else f"planner cannot cost this layout on {y.predicted_on}")
+    if y.on_cpu and y.predicted_step_time_s is not None:
+        pred += " (a GPU prediction, not comparable with these CPU timings)"
     return f"metrics: {y.flops_per_step:.4g} model FLOPs per step on {y.world} x {y.device}; {peak}; {pred}"
 
 
+def per_device_tflops(record: dict) -> tuple[float | None, str]:
+    """(TFLOP/s, "gpu" or "rank") of a metrics record: per GPU on GPUs, per process on CPU ranks."""
+    if record.get("tflops_per_rank") is not None:
+        return record["tflops_per_rank"], "rank"
+    return record.get("tflops_per_gpu"), "gpu"
+
+
 def step_text(record: dict) -> str:
-    """The step line's tail: FLOP/s per device, MFU, predicted step time."""
-    t = record["tflops_per_gpu"]
-    parts = [f"{t:.3g} TFLOP/s/gpu" if t >= 0.1 else f"{t * 1e3:.3g} GFLOP/s/rank"]
+    """The step line's tail: FLOP/s per GPU (or per CPU rank), MFU, and on GPUs the predicted step
+    time with the GPU it is for."""
+    t, unit = per_device_tflops(record)
+    parts = [f"{t:.3g} TFLOP/s/{unit}" if t >= 0.1 else f"{t * 1e3:.3g} GFLOP/s/{unit}"]
     if record.get("mfu") is not None:
         parts.append(f"MFU {record['mfu']:.1%}")
-    if record.get("predicted_step_time_s") is not None:
-        parts.append(f"predicted {record['predicted_step_time_s']:.3g} s")
+    if record.get("predicted_step_time_s") is not None and record.get("device") != "cpu":
+        on = f" on {record['predicted_on']}" if record.get("predicted_on") else ""
+        parts.append(f"predicted {record['predicted_step_time_s']:.3g} s{on}")
     return " | " + " | ".join(parts)
 
 
@@ -112,7 +131,8 @@ def tensorboard_writer(log_dir: str):
     return SummaryWriter(log_dir=log_dir)
 
 
-SCALARS = ("loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu", "predicted_step_time_s")
+SCALARS = ("loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "tflops_per_gpu", "tflops_per_rank", "mfu",
+           "predicted_step_time_s")
 
 
 class StepMonitor:

@@ -1,8 +1,9 @@
 """Read a run's metrics.jsonl, summarize it, and draw its loss and throughput curves to PNG.
 
 metrics.jsonl holds one JSON object per step: step, loss, grad_norm, lr, step_time_s,
-tokens_per_s, and optionally tflops_per_gpu, mfu (a fraction of the device's peak) and
-predicted_step_time_s (the planner's estimate for the layout). A resumed run appends steps it
+tokens_per_s, and optionally device, tflops_per_gpu (tflops_per_rank on CPU ranks), mfu (a fraction
+of the device's peak), predicted_step_time_s (the planner's estimate for the layout) and predicted_on
+(the GPU it is for). A CPU run's timings are never set beside a GPU prediction as a ratio. A resumed run appends steps it
 may already have logged; the last record of a step wins.
 """
 from __future__ import annotations
@@ -13,6 +14,7 @@ import statistics
 from dataclasses import dataclass
 
 from .errors import UsageError
+from .metrics import per_device_tflops
 
 REQUIRED = ("step", "loss", "step_time_s", "tokens_per_s")
 
@@ -34,6 +36,13 @@ class Summary:
     median_tflops_per_gpu: float | None = None
     median_mfu: float | None = None
     predicted_step_time_s: float | None = None
+    device: str | None = None  # "cpu", a catalogue GPU name, ...; None in files from before it was logged
+    predicted_on: str | None = None  # "h100-80gb bf16": what the prediction is for
+    tflops_unit: str = "gpu"  # "rank" on CPU ranks
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu" or self.tflops_unit == "rank"
 
 
 def load_metrics(run_dir: str) -> list[dict]:
@@ -68,6 +77,8 @@ def _median(records: list[dict], key: str) -> float | None:
 
 def summarize(records: list[dict]) -> Summary:
     losses = [r["loss"] for r in records]
+    throughput = [per_device_tflops(r) for r in records]
+    per_device = [t for t, _ in throughput if t is not None]
     best = min(range(len(records)), key=losses.__getitem__)
     return Summary(
         steps=len(records),
@@ -82,9 +93,12 @@ def summarize(records: list[dict]) -> Summary:
         median_tokens_per_s=_median(records, "tokens_per_s"),
         last_lr=records[-1].get("lr"),
         median_grad_norm=_median(records, "grad_norm"),
-        median_tflops_per_gpu=_median(records, "tflops_per_gpu"),
+        median_tflops_per_gpu=statistics.median(per_device) if per_device else None,
         median_mfu=_median(records, "mfu"),
         predicted_step_time_s=records[-1].get("predicted_step_time_s"),
+        device=records[-1].get("device"),
+        predicted_on=records[-1].get("predicted_on"),
+        tflops_unit=throughput[-1][1],
     )
 
 
@@ -96,19 +110,25 @@ def format_summary(s: Summary) -> str:
         ("tokens/s", f"median {s.median_tokens_per_s:,.0f}"),
     ]
     if s.predicted_step_time_s is not None:
-        ratio = s.median_step_time_s / s.predicted_step_time_s if s.predicted_step_time_s else float("nan")
-        rows.append(("predicted", f"{s.predicted_step_time_s:.3f} s per step (measured/predicted {ratio:.2f})"))
+        on = f" on {s.predicted_on}" if s.predicted_on else ""
+        if s.on_cpu:
+            rows.append(("predicted", f"{s.predicted_step_time_s:.3f} s per step{on} (a GPU prediction; this run "
+                                      f"ran on CPU ranks, so no ratio)"))
+        else:
+            ratio = s.median_step_time_s / s.predicted_step_time_s if s.predicted_step_time_s else float("nan")
+            rows.append(("predicted", f"{s.predicted_step_time_s:.3f} s per step{on} (measured/predicted {ratio:.2f})"))
     if s.median_tflops_per_gpu is not None:
         tf = s.median_tflops_per_gpu
         # CPU runs reach GFLOP/s, not TFLOP/s: keep significant digits instead of printing 0.00.
-        rows.append(("TFLOP/s/GPU", f"median {tf:.2f}" if tf >= 0.1 else f"median {tf:.3g} ({tf * 1e3:.3g} GFLOP/s)"))
+        label = "TFLOP/s/rank" if s.on_cpu else "TFLOP/s/GPU"
+        rows.append((label, f"median {tf:.2f}" if tf >= 0.1 else f"median {tf:.3g} ({tf * 1e3:.3g} GFLOP/s)"))
     if s.median_mfu is not None:
         rows.append(("MFU", f"median {100 * s.median_mfu:.1f}%"))
     if s.median_grad_norm is not None:
         rows.append(("grad norm", f"median {s.median_grad_norm:.3g}"))
     if s.last_lr is not None:
         rows.append(("lr", f"last {s.last_lr:.3g}"))
-    return "\n".join(f"{k:<11}  {v}" for k, v in rows)
+    return "\n".join(f"{k:<12} {v}" for k, v in rows)
 
 
 def _save_png(fig, path: str) -> None:
@@ -144,6 +164,8 @@ def plot(records: list[dict], out_dir: str, loss_baseline: float | None = None) 
     panels = [("tokens_per_s", "tokens/s"), ("step_time_s", "step time (s)")]
     if any(r.get("tflops_per_gpu") is not None for r in records):
         panels.append(("tflops_per_gpu", "TFLOP/s per GPU"))
+    elif any(r.get("tflops_per_rank") is not None for r in records):
+        panels.append(("tflops_per_rank", "TFLOP/s per CPU rank"))
     fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.4 * len(panels)), sharex=True)
     for ax, (key, label) in zip(axes, panels):
         points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
@@ -151,8 +173,9 @@ def plot(records: list[dict], out_dir: str, loss_baseline: float | None = None) 
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
     predicted = records[-1].get("predicted_step_time_s")
-    if predicted is not None:
-        axes[1].axhline(predicted, color="gray", ls="--", lw=1, label="planner's prediction")
+    if predicted is not None and not summarize(records).on_cpu:  # a GPU prediction is no line for CPU timings
+        on = records[-1].get("predicted_on")
+        axes[1].axhline(predicted, color="gray", ls="--", lw=1, label=f"planner's prediction{f' ({on})' if on else ''}")
         axes[1].legend()
     axes[0].set_title("Throughput")
     axes[-1].set_xlabel("step")

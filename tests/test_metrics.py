@@ -1,7 +1,7 @@
 """hybridpar.metrics without a GPU: device names to catalogue peaks, MFU, the planner's prediction."""
 import pytest
 
-from hybridpar.metrics import Yardstick, step_text, yardstick
+from hybridpar.metrics import Yardstick, describe, step_text, yardstick
 from topology.hardware import catalogue_for_device
 from topology.cost import model_flops_per_seq
 from topology.models import PRESETS
@@ -44,6 +44,18 @@ def test_no_mfu_on_cpu_or_unknown_gpu_and_fp32_predicted_as_bf16():
         assert y.predicted_on == "h100-80gb bf16"
         assert y.predicted_step_time_s == pytest.approx(evaluate(plan.with_(precision="bf16")).cost.step_time_s)
     r = Yardstick(1e9, 8, "cpu", None, None, "h100-80gb bf16").step_record(0.5)
-    assert r["flops_per_s"] == 2e9 and r["tflops_per_gpu"] == pytest.approx(2e9 / 8 / 1e12)
+    assert r["flops_per_s"] == 2e9 and r["tflops_per_rank"] == pytest.approx(2e9 / 8 / 1e12)
+    assert "tflops_per_gpu" not in r  # a CPU process is not a GPU
     assert r["mfu"] is None and r["predicted_step_time_s"] is None
     assert "MFU" not in step_text(r) and "GFLOP/s/rank" in step_text(r)
+
+
+def test_cpu_runs_never_show_a_gpu_prediction_beside_their_timings():
+    plan = Plan(model=PRESETS["tiny"], seq_len=64, global_batch=64, tp=2, pp=2, dp=2, micro_batch=16, precision="fp32")
+    y = yardstick(plan, cuda=False)
+    r = y.step_record(0.5)
+    assert r["predicted_step_time_s"] is not None and r["predicted_on"] == "h100-80gb bf16"
+    assert "predicted" not in step_text(r)
+    assert "h100-80gb bf16 (a GPU prediction, not comparable with these CPU timings)" in describe(y)
+    gpu = yardstick(plan.with_(precision="bf16"), cuda=True, device_name="NVIDIA H100 80GB HBM3")
+    assert "on h100-80gb bf16" in step_text(gpu.step_record(0.5)) and "TFLOP/s/gpu" in step_text(gpu.step_record(1e-6))

@@ -1,7 +1,7 @@
 """FLOPs formula against published values; the time model's shape and communication terms."""
 import pytest
 
-from topology.cost import gemm_time, model_flops_per_seq, recompute_flops_per_seq, step_cost
+from topology.cost import gemm_time, k_efficiency, model_flops_per_seq, nccl_latency, recompute_flops_per_seq, step_cost
 from topology.hardware import get_gpu
 from topology.models import PRESETS, ModelSpec
 from topology.plan import Plan
@@ -53,23 +53,22 @@ XLA_SM90_BF16 = [  # (batch, m, n, k, TFLOP/s)
 ]
 
 
-def test_gemm_model_matches_measured_hopper_gemms_where_training_runs_them():
-    """Transformer GEMMs have an inner dimension of 2,048 or more (hidden / TP, FFN / TP, tokens)
-    and fill the GPU with tiles: there the roofline (MAMF x wave quantisation) is within 8% of
-    OpenXLA's measurements. Outside it the model is wrong, in a known direction: a short inner
-    dimension leaves each tile's prologue and epilogue unamortised (model optimistic), and few
-    tiles let cuBLAS pick smaller tiles or split K (model pessimistic)."""
+def test_gemm_model_matches_every_measured_hopper_gemm():
+    """The roofline (MAMF, wave quantisation over the best of the tile shapes, the short-K cost) is
+    within 8% of each of OpenXLA's measurements, the short inner dimensions and the shapes with fewer
+    large tiles than SMs included (before the short-K cost and the smaller tiles it was 40-65%
+    optimistic on the first and 27-53% pessimistic on the second)."""
     h100 = get_gpu("h100-80gb")
     peak = h100.bf16_tflops * 1e12
     for b, m, n, k, measured in XLA_SM90_BF16:
         predicted = 2 * b * m * n * k / gemm_time(m, k, n, h100, peak, b) / 1e12
-        in_regime = k >= 2048 and b * (m // 128) * (n // 256) >= 128
-        if in_regime:
-            assert predicted == pytest.approx(measured, rel=0.08), (b, m, n, k)
-        elif k <= 512:
-            assert predicted > 1.3 * measured, (b, m, n, k)
-        else:
-            assert predicted < 0.8 * measured, (b, m, n, k)
+        assert predicted == pytest.approx(measured, rel=0.08), (b, m, n, k)
+
+
+def test_short_inner_dimensions_pay_a_fixed_cost_per_tile():
+    assert k_efficiency(4096) == k_efficiency(16384) == 1.0
+    assert k_efficiency(256) < k_efficiency(512) < k_efficiency(2048) < 1.0
+    assert k_efficiency(256) == pytest.approx((256 / 512) / (4096 / 4352))
 
 
 def _plan(**kw):
@@ -95,13 +94,29 @@ def test_tp_collectives_slow_down_across_nodes():
     assert step_cost(_plan(tp=1, pp=8, dp=8, global_batch=256, zero_stage=3)).tp_s == 0
 
 
-def test_dp_ring_cost_grows_toward_2x_bytes():
+def test_dp_ring_cost_grows_toward_2x_bytes(monkeypatch):
+    import topology.cost
+
+    monkeypatch.setattr(topology.cost, "NCCL_BASE_LAT_S", 0.0)  # the bandwidth term alone (DP is not cached)
+    monkeypatch.setattr(topology.cost, "NCCL_HOP_LAT_S", {"nvlink": 0.0, "network": 0.0})
     sw_free = step_cost(_plan(dp=2))
     assert sw_free.comm()["dp"] >= 0
     from topology.software import MEGATRON_2021
     two = step_cost(_plan(dp=2, global_batch=256), MEGATRON_2021).dp_s
     many = step_cost(_plan(dp=64, global_batch=256), MEGATRON_2021).dp_s
     assert many / two == pytest.approx((63 / 64) / (1 / 2), rel=1e-6)
+
+
+def test_every_collective_call_pays_nccls_latency():
+    """NCCL's tuning model (Ring/Simple): 8.4 us per call, 3.4 us per NVLink ring step, 9.6 us per
+    step across nodes, 1.9x for a multi-node ring all-reduce."""
+    assert nccl_latency(2 * 7, 8, 1, allreduce=True) == pytest.approx(8.4e-6 + 14 * 3.4e-6)
+    assert nccl_latency(63, 64, 64) == pytest.approx(8.4e-6 + 63 * 9.6e-6)
+    assert nccl_latency(2 * 15, 16, 2, allreduce=True) == pytest.approx(1.9 * (8.4e-6 + 28 * 3.4e-6 + 2 * 9.6e-6))
+    assert nccl_latency(0, 1, 1) == 0
+    # a small TP all-reduce is latency-bound: 8 ranks, 64 tokens of a 4096 hidden size
+    tiny = _plan(model=PRESETS["llama3-8b"], seq_len=64, global_batch=2, tp=8, pp=1, dp=1, sequence_parallel=False)
+    assert step_cost(tiny).tp_s > 4 * 2 * 32 * nccl_latency(14, 8, 1, allreduce=True)
 
 
 def test_mfu_is_model_flops_over_peak():
@@ -195,7 +210,7 @@ def test_classic_zero2_reduce_scatters_hide_behind_later_micro_batches():
     cost = step_cost(plan, MEGATRON_CORE)
     assert one_at_a_time > 9.0  # 32 x 0.31 s, all exposed
     # hidden at most behind all the step's compute and NVLink time, and at least two thirds hidden
-    assert one_at_a_time - cost.compute_s - cost.tp_s < streamed < 0.3 * one_at_a_time
+    assert one_at_a_time - cost.compute_s - cost.tp_s < streamed < one_at_a_time / 3
     zero1 = step_cost(replace(plan, zero_stage=1), MEGATRON_CORE).dp_s
     assert streamed > zero1  # 32 reduce-scatters instead of one
 
@@ -249,3 +264,28 @@ def test_torch_ddp_hides_the_all_reduce_behind_the_last_backward():
     assert local.dp_s > 0.25  # 3.4 GB of fp16 gradients, ring over 32 GPUs on 4 nodes' InfiniBand
     assert torch_ddp.dp_s < 0.05 * local.dp_s
     assert torch_ddp.step_time_s < local.step_time_s - 0.9 * local.dp_s
+
+
+def test_flash_attention_rate_follows_sequence_length_and_head_dimension():
+    from topology.cost import attention_shape_factor
+
+    assert attention_shape_factor(8192, 128) == 1.0 == attention_shape_factor(131072, 128)
+    assert attention_shape_factor(512, 128) == pytest.approx((512 / 768) / (8192 / 8448))
+    assert attention_shape_factor(8192, 64) == pytest.approx(0.85)
+    assert attention_shape_factor(2048, 64) < attention_shape_factor(2048, 128) < 1
+
+
+def test_megatron_lm_2022_is_2021_with_sequence_parallelism_and_selective_recomputation():
+    """Korthikanti et al. 2022's stack: GPT-3 175B at TP8 PP8 with SP and selective recomputation is
+    faster than Megatron-LM 2021's full recomputation of the same layout, and ZeRO-2 is not part of it."""
+    from topology.search import Request, search
+    from topology.software import MEGATRON_2021, PROFILES
+
+    sw = PROFILES["megatron-lm-2022"]
+    assert sw.sequence_parallel and "selective" in sw.recompute_modes and not sw.flash_attention
+    pins = {"tp": 8, "pp": 8, "cp": 1, "dp": 1, "micro_batch": 1, "vpp": 1, "zero_stage": 0}
+    new = search(Request(GPT3, 64, 64, 2048, gpu="a100-80gb", software=sw, pins={**pins, "recompute": "selective"}))
+    old = search(Request(GPT3, 64, 64, 2048, gpu="a100-80gb", software=MEGATRON_2021, pins={**pins, "recompute": "full"}))
+    assert new.plans[0].plan.sequence_parallel and new.plans[0].cost.step_time_s < 0.9 * old.plans[0].cost.step_time_s
+    with pytest.raises(Exception, match="ZeRO-2 is not part of Megatron-LM 2022"):
+        search(Request(GPT3, 64, 64, 2048, gpu="a100-80gb", software=sw, pins={"zero_stage": 2}))

@@ -1,11 +1,13 @@
 """Memory model: ZeRO arithmetic, Korthikanti's activation formulas, largest stage decides."""
+from dataclasses import replace
+
 import pytest
 
-from topology.memory import (FIXED_OVERHEAD_BYTES, layer_activation_bytes, model_state_bytes,
-                             plan_memory, stage_memory)
+from topology.memory import (CUDA_CONTEXT_BYTES, LOGIT_BYTES, NCCL_CHANNEL_BYTES, PARTS, TIGHT_MARGIN,
+                             layer_activation_bytes, model_state_bytes, plan_memory, stage_memory)
 from topology.models import PRESETS, ModelSpec
 from topology.plan import Plan
-from topology.software import HYBRIDPAR, MEGATRON_2021
+from topology.software import DEEPSPEED_BF16_PIPE, HYBRIDPAR, MEGATRON_2021, MEGATRON_CORE
 from topology.stages import stages
 
 
@@ -68,12 +70,64 @@ def test_first_stage_holds_pp_micro_batches_and_interleaving_adds():
     assert ratio == pytest.approx(1 + 7 / 16, rel=0.02)
 
 
-def test_largest_stage_decides_and_allowance_is_included():
+def test_largest_stage_decides_and_the_parts_add_up_to_the_total():
     m = PRESETS["llama3-8b"]
     plan = Plan(m, 8192, 64, tp=1, pp=4, dp=2, zero_stage=1)
     totals = [stage_memory(plan, s).total for s in stages(plan)]
     assert plan_memory(plan).total == max(totals)
-    assert plan_memory(plan).buffers >= FIXED_OVERHEAD_BYTES
+    for s in stages(plan):
+        mem = stage_memory(plan, s)
+        assert sum(getattr(mem, k) for k in PARTS) == pytest.approx(mem.total)
+        assert sum(v for k, v in mem.gib().items() if k != "total") == pytest.approx(mem.gib()["total"], abs=0.06)
+        assert mem.cuda_context == CUDA_CONTEXT_BYTES and mem.nccl > 0
+
+
+def test_each_communicator_adds_its_nccl_buffers_and_the_network_ones_are_smaller():
+    m = PRESETS["llama3-70b"]
+    alone = plan_memory(Plan(m, 8192, 64, tp=8, pp=1, dp=1, sequence_parallel=True)).nccl
+    with_dp = plan_memory(Plan(m, 8192, 64, tp=8, pp=1, dp=8, sequence_parallel=True)).nccl
+    with_pp = plan_memory(Plan(m, 8192, 64, tp=8, pp=8, dp=1, sequence_parallel=True)).nccl
+    assert alone == pytest.approx(2 * 32 * NCCL_CHANNEL_BYTES)  # TP and world, both inside the node
+    # TP inside the node; DP (or PP) and the world group ring over the network, with fewer channels
+    assert with_dp == with_pp == pytest.approx((32 + 4 + 4) * NCCL_CHANNEL_BYTES)
+    tied = Plan(replace(_gpt(64, 8192, 80), tied_embeddings=True), 2048, 64, tp=8, pp=8, dp=1, sequence_parallel=True)
+    first, middle, _ = stages(tied)
+    assert stage_memory(tied, first).nccl - stage_memory(tied, middle).nccl == pytest.approx(4 * NCCL_CHANNEL_BYTES)
+
+
+def test_logits_on_the_last_stage_only_six_bytes_each():
+    m = PRESETS["llama3-8b"]
+    plan = Plan(m, 8192, 64, tp=2, pp=4, dp=2, micro_batch=2, sequence_parallel=True)
+    first, middle, last = stages(plan)
+    assert stage_memory(plan, first).logits == stage_memory(plan, middle).logits == 0
+    assert stage_memory(plan, last).logits == pytest.approx(LOGIT_BYTES * 2 * 8192 * m.vocab / 2)
+
+
+def test_deepspeed_pipeline_keeps_each_in_flight_output():
+    m = _gpt(64, 14336, 72)
+    plan = Plan(m, 2048, 2048, tp=8, pp=12, dp=4, micro_batch=4, zero_stage=1, recompute="full")
+    first = stages(plan)[0]
+    ds = stage_memory(plan, first, DEEPSPEED_BF16_PIPE).pipeline_buffers
+    mega = stage_memory(plan, first, MEGATRON_2021).pipeline_buffers
+    assert ds - mega == pytest.approx(12 * 4 * 2048 * 14336 * 2)  # 12 micro-batches in flight on stage 0
+
+
+def test_the_optimizer_step_temporary_counts_only_beyond_the_activations_it_reuses():
+    m = PRESETS["llama3-8b"]
+    small = Plan(m, 128, 8, tp=1, pp=1, dp=8, zero_stage=1)  # tiny activations: the step's temporaries decide
+    mem = plan_memory(small, HYBRIDPAR)
+    shard = m.total_params / 8
+    dynamic = mem.activations + mem.logits + mem.pipeline_buffers
+    assert mem.optimizer_step_temp == pytest.approx(8 * shard - dynamic, rel=0.01)
+    assert plan_memory(small, MEGATRON_CORE).optimizer_step_temp == 0  # FusedAdam steps in place
+    big = Plan(m, 8192, 64, tp=1, pp=1, dp=8, zero_stage=1)
+    assert plan_memory(big, HYBRIDPAR).optimizer_step_temp == 0
+
+
+def test_a_plan_near_capacity_is_tight():
+    mem = plan_memory(Plan(PRESETS["llama3-8b"], 8192, 64, dp=8, zero_stage=1))
+    assert mem.tight(mem.total / (1 - TIGHT_MARGIN / 2))
+    assert not mem.tight(mem.total / (1 - 2 * TIGHT_MARGIN))
 
 
 def test_embedding_on_first_and_output_on_last():

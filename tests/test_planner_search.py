@@ -3,6 +3,7 @@ from dataclasses import replace
 
 import pytest
 
+from topology.memory import PARTS
 from topology.models import PRESETS
 from topology.plan import PlanError
 from topology.search import AXES, Request, search
@@ -31,15 +32,19 @@ def test_llama3_405b_best_plan_is_meta_layout_or_faster(llama_16k):
     # TP8 PP16 DP128 needs full recomputation.
     assert pinned.plan.recompute == "full"
     # Under megatron-core (fp32 gradient reduce-scatter and weight all-gather, both overlapped, as
-    # hybridpar's grad_sync and param_gather now do at ZeRO-1) the best plan is hybridpar's, faster
-    # only by the gradient accumulation its GEMMs fuse (as fast with hybridpar's in-place add), and
+    # hybridpar's grad_sync and param_gather do at ZeRO-1) the best plan is one of hybridpar's top three
+    # (within 1% of its best), faster by the gradient accumulation its GEMMs fuse (within 3% with
+    # hybridpar's in-place add: megatron-core's DP-sized buckets make fewer NCCL calls, and its
+    # in-place FusedAdam needs no step temporary), and
     # Meta's layout needs full recomputation with ZeRO-1 too.
     core = search(Request(LLAMA, 16384, 2048, 8192, software=MEGATRON_CORE)).plans[0]
     assert core.fits and core.cost.step_time_s < 0.95 * best.cost.step_time_s
-    assert (core.plan.tp, core.plan.cp, core.plan.pp, core.plan.dp) == (best.plan.tp, best.plan.cp, best.plan.pp, best.plan.dp)
+    layout = lambda e: (e.plan.tp, e.plan.cp, e.plan.pp, e.plan.dp)
+    mine = {layout(e): e for e in llama_16k.plans[:3]}
+    assert layout(core) in mine and mine[layout(core)].cost.step_time_s < 1.01 * best.cost.step_time_s
     unfused = replace(MEGATRON_CORE, grad_accum_bytes_per_param=HYBRIDPAR.grad_accum_bytes_per_param)
     core_unfused = search(Request(LLAMA, 16384, 2048, 8192, software=unfused)).plans[0]
-    assert core_unfused.cost.step_time_s == pytest.approx(best.cost.step_time_s, rel=1e-9)
+    assert core_unfused.cost.step_time_s == pytest.approx(best.cost.step_time_s, rel=0.03)
     core_meta = search(Request(LLAMA, 16384, 2048, 8192, software=MEGATRON_CORE, pins=pins)).plans[0]
     assert core_meta.fits and core_meta.plan.zero_stage == 1 and core_meta.plan.recompute == "full"
     assert core_meta.cost.step_time_s > 1.20 * core.cost.step_time_s
@@ -63,7 +68,9 @@ def test_llama3_405b_best_plan_is_meta_layout_or_faster(llama_16k):
 def test_json_schema(llama_16k):
     entry = llama_16k.plans[0].to_json()
     assert set(entry) == PLAN_KEYS
-    assert set(entry["memory_gib"]) == {"params", "grads", "optimizer", "activations", "total"}
+    assert set(entry["memory_gib"]) == {*PARTS, "total"}
+    assert sum(v for k, v in entry["memory_gib"].items() if k != "total") == pytest.approx(
+        entry["memory_gib"]["total"], abs=0.06)
     assert set(entry["comm_s"]) == {"tp", "cp", "pp", "dp"}
     for r in llama_16k.rejected:
         assert set(r.to_json()) == {"tp", "pp", "cp", "dp", "reason"} and r.reason
@@ -116,5 +123,8 @@ def test_zero_shards_over_cp_ranks_when_there_is_no_dp():
     # the same weights) frees enough memory to drop recomputation. With DP = CP = 1 nothing shards.
     best = search(Request(PRESETS["llama3-405b"], 256, 512, 8192), top=1).plans[0].plan
     assert (best.tp, best.cp, best.pp, best.dp, best.zero_stage, best.recompute) == (8, 2, 16, 1, 1, "none")
-    lone = search(Request(PRESETS["llama3-405b"], 128, 256, 8192, pins={"cp": 1}), top=3).plans
+    # (megatron-core: hybridpar's foreach AdamW adds an 8-byte temporary per parameter of an unsharded
+    # optimizer, which 405B on 128 H100s has no room for)
+    lone = search(Request(PRESETS["llama3-405b"], 128, 256, 8192, pins={"cp": 1}, software=MEGATRON_CORE),
+                  top=3).plans
     assert lone and all(e.plan.zero_stage == 0 for e in lone if e.plan.dp == 1)

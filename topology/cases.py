@@ -14,15 +14,18 @@ from .hardware import GPU, get_gpu
 from .models import ModelSpec
 from .plan import Plan
 from .search import Evaluated, evaluate
-from .software import DEEPSPEED_BF16_PIPE, MEGATRON_2021, MEGATRON_2021_TORCH_DDP, MEGATRON_CORE, Software
+from .software import DEEPSPEED_BF16_PIPE, MEGATRON_2021, MEGATRON_2021_TORCH_DDP, MEGATRON_CORE, PROFILES, Software
 
 # The project's shared/ folder (beside the checkout) is the source of truth; tests/data holds a
 # copy so a checkout without it (an installed copy, a clone elsewhere) still has the 14 runs.
 _SHARED_CASES = Path(__file__).resolve().parents[1].parent / "shared" / "cases" / "public_cases.json"
 _BUNDLED_CASES = Path(__file__).resolve().parents[1] / "tests" / "data" / "public_cases.json"
 CASES_PATH = _SHARED_CASES if _SHARED_CASES.is_file() else _BUNDLED_CASES
-# Out-of-sample runs (NVIDIA DGX Cloud benchmark recipes), same fields plus "software"; README
-# "Checked against runs it was not built on" gives their provenance.
+# Out-of-sample runs, same fields plus "software" (a topology.software profile name) and, where
+# they apply, "network_gbit_per_gpu" (the cluster's scale-out NIC per GPU), "tied_embeddings",
+# "outcome" ("ran", or "oom": the layout ran out of memory, no timing), "reported_memory_gb" (the
+# run's published peak) and "sweep" (layouts of one model on one cluster, ranked against each
+# other); docs/planner.md gives their provenance.
 VALIDATION_PATH = Path(__file__).resolve().parents[1] / "tests" / "data" / "validation_runs.json"
 
 
@@ -43,10 +46,12 @@ def _modern(case: dict) -> bool:
 
 def case_software(case: dict) -> tuple[Software, GPU]:
     gpu = get_gpu(case["gpu"].lower())
-    if case.get("software") == "megatron-core":
-        # NeMo/megatron-core recipes: distributed optimizer, overlapped grad reduce / param
+    if case.get("network_gbit_per_gpu"):
+        gpu = replace(gpu, network_gbps=case["network_gbit_per_gpu"] / 8)
+    if case.get("software") in PROFILES:
+        # e.g. NeMo/megatron-core recipes: distributed optimizer, overlapped grad reduce / param
         # gather / p2p, cuDNN or FlashAttention kernels: hybridpar's layers, classic ZeRO-2.
-        return MEGATRON_CORE, gpu
+        return PROFILES[case["software"]], gpu
     if case["id"].startswith("llama3"):
         # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2, as megatron-core's
         # profile); FlashAttention-2 on H100 reaches "only 35% utilization" (FlashAttention-3 paper,
@@ -65,7 +70,7 @@ def case_plans(case: dict) -> list[Plan]:
     # GPT in Megatron-LM 2021 and BLOOM share the input embedding with the output layer
     # (Megatron's embedding group; BLOOM's TiedLayerSpec); Llama 3 does not.
     m = ModelSpec(case["layers"], case["hidden"], case["ffn_hidden"], case["heads"], case["kv_heads"],
-                  case["vocab"], case["mlp"], case["id"], tied_embeddings=not modern)
+                  case["vocab"], case["mlp"], case["id"], tied_embeddings=case.get("tied_embeddings", not modern))
     out = []
     for mb in [case["micro_batch"]] if case["micro_batch"] else [1, 2]:
         for v in [case["vpp"]] if case["vpp"] else [1, 2, 4, 8]:
@@ -81,6 +86,7 @@ def case_plans(case: dict) -> list[Plan]:
 
 
 def predict_case(case: dict) -> Evaluated:
+    """The published layout, costed whether or not it fits (a run that went out of memory too)."""
     sw, gpu = case_software(case)
     results = [evaluate(p, sw, gpu) for p in case_plans(case)]
     fitting = [e for e in results if e.fits] or results

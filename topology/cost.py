@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import lru_cache
-from math import ceil
+from math import ceil, log2
 
 from .hardware import GPU, get_gpu
 from .models import ModelSpec
@@ -38,9 +38,30 @@ from .stages import Stage, params_per_rank, stages
 # A100/H100 reach roughly 75-85% of NVLink and InfiniBand peak; DeepSeek-V3 measures 160 of
 # H800's 200 GB/s NVLink) [S]. Assumed, not fitted.
 LINK_EFFICIENCY = 0.8
+# Per-call latency of a collective: NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc,
+# ncclTopoTuneModel, Ring/Simple, the protocol of large messages): baseLat 8.4 us, plus hwLat per ring
+# step, 3.4 us over NVLink and 9.6 us over the network; a ring all-reduce across nodes pays 1.9x
+# ("plateau effect of ring", ncclTopoGetAlgoTime). Steps: 2(n-1) for an all-reduce, n-1 for a
+# reduce-scatter or all-gather, 1 for a pipeline send/receive.
+NCCL_BASE_LAT_S = 8.4e-6
+NCCL_HOP_LAT_S = {"nvlink": 3.4e-6, "network": 9.6e-6}
+NCCL_RING_PLATEAU = 1.9
 # Fraction of peak HBM bandwidth that streaming (elementwise) kernels reach [S, assumed].
 HBM_EFFICIENCY = 0.85
 TILE = (128, 256)
+# Smaller tiles cuBLAS falls back to when the large one leaves SMs idle (fewer tiles than SMs).
+TILES = (TILE, (128, 128), (64, 128))
+# Short-K cost (cost.k_efficiency): OpenXLA's measured sm_90 bf16 GEMM table
+# (xla/service/gpu/model/matmul_interpolator_data.h, "sm_90") runs 4096 x 4096 at K = 256, 512, 2048
+# and 4096 at 392, 543, 739 and 783 TFLOP/s: K / (K + 256) to within 7%, the 4096-cubed shapes at
+# MAMF (783-808 vs 792 TFLOP/s). Measured on Hopper, assumed for the other GPUs.
+SHORT_K = 256
+MAMF_K = 4096
+# FlashAttention-2 forward+backward, causal, head dimension 128 on A100 (Dao 2023, "FlashAttention-2",
+# Figure 4 [R]): about 126, 155, 172, 183 and 189 TFLOP/s at sequence 512, 1K, 2K, 4K and 8K, i.e.
+# seq / (seq + 256) to within 3%; head dimension 64 about 0.85 of 128's rate (same figure) [R].
+ATTN_SHORT_SEQ = 256
+ATTN_HEAD64 = 0.85
 # Adam step per parameter of the optimizer shard: read and write fp32 master, momentum and
 # variance (24 B), read the gradient (4 B), write the 16-bit weight (2 B).
 OPTIMIZER_BYTES_PER_PARAM = 30
@@ -81,14 +102,29 @@ def causal_attention_flops(batch: int, q_tokens: int, k_tokens: int, heads: int,
 
 
 # ---------------------------------------------------------------- kernels -------------------
+def _tile_rate(tm: int, tn: int) -> float:
+    """A tile's rate relative to the large TILE: per FLOP it loads (1/tm + 1/tn) operand elements
+    into shared memory, and the large tile is the one that keeps the tensor cores fed."""
+    return (1 / TILE[0] + 1 / TILE[1]) / (1 / tm + 1 / tn)
+
+
+def k_efficiency(k: int) -> float:
+    """Share of the maximum achievable rate a GEMM with inner dimension k reaches: each output
+    tile fills its operand pipeline before the main loop and writes its accumulators after it, a
+    fixed cost worth SHORT_K elements of k. MAMF is reached from MAMF_K on."""
+    return min(1.0, (k / (k + SHORT_K)) / (MAMF_K / (MAMF_K + SHORT_K)))
+
+
 def gemm_time(m: int, k: int, n: int, gpu: GPU, peak: float, batch: int = 1, in_bytes: int = 2) -> float:
-    """Seconds for batch x (m x k) @ (k x n): roofline with wave quantisation."""
+    """Seconds for batch x (m x k) @ (k x n): roofline with wave quantisation over the SMs for the
+    best of the tile shapes cuBLAS chooses among, and the short-K cost."""
     best = 0.0
-    for tm, tn in (TILE, TILE[::-1]):
-        tiles = batch * ceil(m / tm) * ceil(n / tn)
-        waves = ceil(tiles / gpu.sms)
-        best = max(best, batch * m * n / (waves * gpu.sms * tm * tn))
-    compute = 2.0 * batch * m * k * n / (peak * gpu.gemm_fraction * best)
+    for tm, tn in TILES:
+        for a, b in ((tm, tn), (tn, tm)):
+            tiles = batch * ceil(m / a) * ceil(n / b)
+            waves = ceil(tiles / gpu.sms)
+            best = max(best, _tile_rate(a, b) * batch * m * n / (waves * gpu.sms * a * b))
+    compute = 2.0 * batch * m * k * n / (peak * gpu.gemm_fraction * best * k_efficiency(k))
     memory = batch * (in_bytes * (m * k + k * n) + 2 * m * n) / (gpu.hbm_tbps * 1e12 * HBM_EFFICIENCY)
     return max(compute, memory)
 
@@ -107,6 +143,31 @@ def link_time(nbytes: float, gbps: float) -> float:
     return nbytes / (gbps * 1e9 * LINK_EFFICIENCY)
 
 
+def nccl_latency(steps: int, ranks: int, nodes: int, allreduce: bool = False) -> float:
+    """Latency of one NCCL call of `steps` ring steps over `ranks` ranks on `nodes` nodes, in NCCL's
+    own cost model (see NCCL_BASE_LAT_S): the steps that cross nodes pay the network hop."""
+    if ranks <= 1:
+        return 0.0
+    inter = steps * (nodes - 1) / (ranks - 1)
+    lat = NCCL_BASE_LAT_S + (steps - inter) * NCCL_HOP_LAT_S["nvlink"] + inter * NCCL_HOP_LAT_S["network"]
+    return lat * (NCCL_RING_PLATEAU if allreduce and nodes > 1 else 1.0)
+
+
+def group_nodes(ranks: int, span: int, gpus_per_node: int) -> int:
+    """Nodes a group of `ranks` ranks, spread evenly over `span` consecutive GPUs, touches."""
+    return max(1, min(ranks, ceil(span / gpus_per_node)))
+
+
+def attention_shape_factor(seq: int, head_dim: int) -> float:
+    """FlashAttention's rate at this sequence length and head dimension relative to the GPU's
+    attention_fraction (which is for head dimension 128 at 8K, causal): each query block pays a
+    fixed cost (loading Q, the final rescale, writing O) amortised over its key loop, as
+    seq / (seq + ATTN_SHORT_SEQ); head dimension 64 runs at ATTN_HEAD64 of 128's rate."""
+    amortised = min(1.0, (seq / (seq + ATTN_SHORT_SEQ)) / (8192 / (8192 + ATTN_SHORT_SEQ)))
+    head = 1.0 if head_dim >= 128 else max(ATTN_HEAD64, ATTN_HEAD64 + (1 - ATTN_HEAD64) * log2(head_dim / 64))
+    return amortised * head
+
+
 @dataclass(frozen=True)
 class LayerTime:
     """One transformer layer, one micro-batch, one GPU (seconds)."""
@@ -118,6 +179,15 @@ class LayerTime:
 
 def _tp_bw(gpu: GPU, tp: int, gpus_per_node: int) -> float:
     return gpu.nvlink_gbps if tp <= gpus_per_node else gpu.network_gbps
+
+
+def _tp_call_latency(tp: int, sp: bool, gpus_per_node: int) -> float:
+    """Latency of one all-reduce equivalent of TP: an all-reduce, or with sequence parallelism an
+    all-gather and a reduce-scatter."""
+    nodes = group_nodes(tp, tp, gpus_per_node)
+    if sp:
+        return 2 * nccl_latency(tp - 1, tp, nodes)
+    return nccl_latency(2 * (tp - 1), tp, nodes, allreduce=True)
 
 
 def _hidden(comm: float, gemm: float, sw: Software) -> float:
@@ -146,7 +216,8 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
             column.append((dgrad, wgrad))
     heads = m.heads // tp
     if sw.flash_attention:
-        af = causal_attention_flops(mb, s_loc, seq, heads, d) / (peak16 * (sw.attention_fraction or gpu.attention_fraction))
+        fraction = (sw.attention_fraction or gpu.attention_fraction) * attention_shape_factor(seq, d)
+        af = causal_attention_flops(mb, s_loc, seq, heads, d) / (peak16 * fraction)
         ab = FLASH_BACKWARD_RATIO * af
     else:
         qk_f, qk_b = gemm_fwd_bwd(s_loc, d, seq, gpu, peak16, mb * heads)
@@ -161,7 +232,9 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     mask = 1 if sw.dropout else 0
     hidden_bytes = (2 * 2 * 2 + 2 * 3 * 2 + 2 * mask) * h
     act_bytes = (3 if m.mlp == "swiglu" else 2) * 2 * f / tp
-    ew = tokens * (hidden_bytes / (tp if sp else 1) + act_bytes)
+    # RoPE reads and writes the rank's Q and K heads, 2 bytes each
+    rope_bytes = 2 * 2 * (h + kv) / tp if sw.rotary else 0.0
+    ew = tokens * (hidden_bytes / (tp if sp else 1) + act_bytes + rope_bytes)
     fwd += hbm_time(ew, gpu)
     bwd += hbm_time(2 * ew, gpu)
     if recompute == "full":
@@ -179,7 +252,8 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         #     input re-all-gathered for the weight gradient (the forward's gather is not kept) and
         #     the input-gradient reduce-scatter (2 ar): 5 ar per layer, not 4.
         # Exposure: see software.Software.tp_bwd_overlap. Full recomputation repeats the forward's 2.
-        ar = link_time(2 * (tp - 1) / tp * tokens * h * 2, _tp_bw(gpu, tp, gpus_per_node))
+        ar = link_time(2 * (tp - 1) / tp * tokens * h * 2, _tp_bw(gpu, tp, gpus_per_node)) + _tp_call_latency(
+            tp, sp, gpus_per_node)
         tp_t = (2 + (2 if recompute == "full" else 0)) * ar
         for dgrad, wgrad in column:
             if sp:
@@ -193,7 +267,8 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         exchanges = 2 + (1 if recompute in ("full", "selective") else 0)
         kv_bytes = mb * seq * 2 * kv / tp * 2
         cp_bw = gpu.nvlink_gbps if tp * cp <= gpus_per_node else gpu.network_gbps
-        cp_t = exchanges * link_time((cp - 1) / cp * kv_bytes, cp_bw)
+        calls = nccl_latency(cp - 1, cp, group_nodes(cp, tp * cp, gpus_per_node))
+        cp_t = exchanges * (link_time((cp - 1) / cp * kv_bytes, cp_bw) + calls)
     return LayerTime(fwd, bwd, tp_t, cp_t)
 
 
@@ -221,7 +296,7 @@ def end_stage_tp_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: i
         return 0.0
     bw = _tp_bw(gpu, tp, gpus_per_node)
     ring = 2 * (tp - 1) / tp
-    ar = link_time(ring * tokens * m.hidden * 2, bw)
+    ar = link_time(ring * tokens * m.hidden * 2, bw) + _tp_call_latency(tp, sp, gpus_per_node)
     t = ar if embedding else 0.0
     if output:
         in_bytes = 1 if precision == "fp8" else 2
@@ -233,7 +308,8 @@ def end_stage_tp_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: i
             t += ar / 2 + _hidden(ar / 2, dgrad, sw) + _hidden(ar / 2, wgrad, sw)
         else:
             t += _hidden(ar, wgrad, sw)
-        t += 3 * link_time(ring * tokens * 4, bw)
+        t += 3 * (link_time(ring * tokens * 4, bw)
+                  + nccl_latency(2 * (tp - 1), tp, group_nodes(tp, tp, gpus_per_node), allreduce=True))
     return t
 
 
@@ -297,8 +373,13 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
     inside = plan.world_size <= plan.gpus_per_node or (plan.dp == 1 and plan.tp * plan.cp <= plan.gpus_per_node)
     bw = gpu.nvlink_gbps if inside else gpu.network_gbps
     ring = (d - 1) / d
-    grad = link_time(ring * n_params * (4 if sw.fp32_grads else 2), bw)  # reduce-scatter
-    gather = link_time(ring * n_params * 2, bw)  # all-gather of 16-bit weights
+    # one reduce-scatter and one all-gather call per gradient bucket
+    # megatron-core's bucket grows with DP (DistributedDataParallelConfig: max(40M, 1M x dp))
+    bucket = GRAD_BUCKET_NUMEL if sw.zero2_reduce_once else max(GRAD_BUCKET_NUMEL, 1_000_000 * d)
+    calls = ceil(n_params / bucket) * nccl_latency(
+        d - 1, d, group_nodes(d, plan.world_size if plan.dp > 1 else plan.tp * plan.cp, plan.gpus_per_node))
+    grad = link_time(ring * n_params * (4 if sw.fp32_grads else 2), bw) + calls  # reduce-scatter
+    gather = link_time(ring * n_params * 2, bw) + calls  # all-gather of 16-bit weights
 
     def overlapped(t: float, behind: float, on: bool) -> float:
         """Bucket by bucket behind ``behind`` seconds of compute, except one bucket (the first
@@ -346,7 +427,8 @@ def _tied_embedding_sync(plan: Plan, gpu: GPU, sw: Software) -> float:
         return 0.0
     crosses = plan.tp * plan.cp * plan.pp > plan.gpus_per_node
     bw = gpu.network_gbps if crosses else gpu.nvlink_gbps
-    return link_time(plan.model.embedding_params / plan.tp * (4 if sw.fp32_grads else 2), bw)
+    return (link_time(plan.model.embedding_params / plan.tp * (4 if sw.fp32_grads else 2), bw)
+            + nccl_latency(2, 2, 2 if crosses else 1, allreduce=True))
 
 
 def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> StepCost:
@@ -361,7 +443,8 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
         crosses = plan.tp * plan.cp * plan.pp > plan.gpus_per_node
         bw = gpu.network_gbps if crosses else gpu.nvlink_gbps
         # Paired send+receive exchanges, or (blocking_p2p) a send and a receive one at a time.
-        pp_msg = (2 if sw.blocking_p2p else 1) * link_time(pp_message_bytes(plan, sw), bw)
+        pp_msg = (2 if sw.blocking_p2p else 1) * (link_time(pp_message_bytes(plan, sw), bw)
+                                                  + nccl_latency(1, 2, 2 if crosses else 1))
     worst = None
     for st in stages(plan):  # the slowest pipeline rank, all its per-micro-batch terms
         fwd, bwd = st.layers * lt.fwd, st.layers * lt.bwd

@@ -1,4 +1,6 @@
-"""Memory per GPU for a Plan: model states under ZeRO, activations, and an allowance.
+"""Memory per GPU for a Plan: model states under ZeRO, activations, and what the frameworks hold
+besides (logits, pipeline buffers, framework copies, the optimizer step's temporaries, CUDA
+context, NCCL buffers, allocator fragmentation), each a part of the total.
 
 Every pipeline rank that can be the largest (first, middle, last) is computed; the largest
 total decides whether the plan fits.
@@ -25,35 +27,79 @@ plus one layer's full activations while it is being recomputed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
+from .cost import GRAD_BUCKET_NUMEL
 from .hardware import GIB
 from .plan import Plan
 from .software import HYBRIDPAR, Software
 from .stages import Stage, layer_params_per_rank, params_per_rank, stages
 
-# Stated allowance, not derived: CUDA context, cuBLAS workspaces and NCCL buffers of a few
-# communicators take 2-3 GiB per process; the caching allocator's fragmentation and the
-# temporary buffers of collectives add roughly a tenth of the dynamic (activation) memory.
-FIXED_OVERHEAD_BYTES = 3 * GIB
+# What frameworks hold beyond weights, gradients, optimizer state and activations (issue 15 §2):
+# CUDA context (driver state and the kernels loaded lazily, CUDA_MODULE_LOADING=LAZY, PyTorch's
+# default since CUDA 11.7) [R: 0.5 GiB per process as nvidia-smi shows for a bare torch process],
+# plus cuBLAS/cuBLASLt workspaces: PyTorch keeps 32 MiB per handle and stream on Hopper
+# (CUBLAS_WORKSPACE_CONFIG default, torch docs "cuBLAS workspaces"), Transformer Engine and
+# megatron-core another 32 MiB cuBLASLt workspace per stream [S]; two streams assumed.
+CUDA_CONTEXT_BYTES = 0.5 * GIB + 4 * 32 * 2**20
+# NCCL buffers per communicator a rank uses for ring/tree collectives: one buffer per channel and
+# protocol set, 10 MiB each (NVIDIA/nccl issue 1685, NCCL_DEBUG_SUBSYS=ALLOC on 8 x H100: 10,485,760-
+# and 2,097,152-byte buffers per channel connection, up to 32 channels over NVLink); "memory usage is
+# linearly tied to the number of channels ... Ring uses a limited amount of memory as it only has 2
+# connections regardless of the scale" (sjeaugey, issues 864/986). A ring channel receives from one
+# peer: 32 channels x (10 + 2) MiB inside a node; over the network NCCL opens 2 channels per NIC
+# (one NIC per GPU on DGX-class nodes, NCCL's default NCCL_MIN_NCHANNELS for IB is small) [R]:
+# 4 channels x 12 MiB assumed, plus the proxy's host-pinned buffers, which are not GPU memory.
+NCCL_CHANNEL_BYTES = 12 * 2**20
+NCCL_CHANNELS_NVLINK = 32
+NCCL_CHANNELS_NETWORK = 4
+# The PyTorch caching allocator keeps freed blocks for reuse: reserved exceeds allocated by the
+# blocks that no request of the right size reuses. Assumed 10% of the memory that is allocated and
+# freed every micro-batch (activations, logits, pipeline buffers, temporaries), none of the
+# model states, which are allocated once [assumption, stated].
 FRAGMENTATION = 0.10
+# A plan within this share of the GPU's memory is marked "tight": the allocator and framework terms
+# above are estimates, and a few percent is what they may be off by [assumption, stated].
+TIGHT_MARGIN = 0.05
+PARTS = ("params", "grads", "optimizer", "activations", "logits", "pipeline_buffers", "framework_buffers",
+         "optimizer_step_temp", "cuda_context", "nccl", "fragmentation")
 
 
 @dataclass(frozen=True)
 class StageMemory:
+    """Peak bytes on one GPU of a pipeline stage, part by part; total is their sum."""
     stage: str
-    params: float  # bytes
+    params: float  # 16-bit weights (the rank's ZeRO-3 shard)
     grads: float
-    optimizer: float
-    activations: float
-    buffers: float  # allowance: context, workspaces, fragmentation, ZeRO-3 gather buffers
+    optimizer: float  # fp32 master weights, momentum, variance (sharded by ZeRO)
+    activations: float  # tensors the layers keep for backward, every in-flight micro-batch
+    logits: float = 0.0  # last stage: the vocab-parallel cross-entropy's logits
+    pipeline_buffers: float = 0.0  # send/receive buffers of pipeline parallelism
+    framework_buffers: float = 0.0  # ZeRO-3 gathers, gradient buckets, DeepSpeed's extra copies
+    optimizer_step_temp: float = 0.0  # the optimizer step's temporary beyond the activations it reuses
+    cuda_context: float = 0.0  # CUDA context, cuBLAS/cuBLASLt workspaces
+    nccl: float = 0.0  # NCCL buffers of the communicators the rank uses
+    fragmentation: float = 0.0  # the caching allocator's unreused blocks
 
     @property
-    def total(self) -> float:
-        return self.params + self.grads + self.optimizer + self.activations + self.buffers
+    def total(self) -> float:  # the sum over PARTS, written out: the search calls it for every candidate
+        return (self.params + self.grads + self.optimizer + self.activations + self.logits + self.pipeline_buffers
+                + self.framework_buffers + self.optimizer_step_temp + self.cuda_context + self.nccl + self.fragmentation)
+
+    @property
+    def states(self) -> float:
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def overhead(self) -> float:
+        """Everything beyond model states and activations."""
+        return self.total - self.states - self.activations
+
+    def tight(self, capacity_bytes: float) -> bool:
+        return self.total > (1 - TIGHT_MARGIN) * capacity_bytes
 
     def gib(self) -> dict:
-        return {k: round(getattr(self, k) / GIB, 2)
-                for k in ("params", "grads", "optimizer", "activations", "buffers", "total")}
+        return {k: round(getattr(self, k) / GIB, 2) for k in (*PARTS, "total")}
 
 
 def model_state_bytes(n_params: float, dp: int, zero_stage: int, fp32_grads: bool = False,
@@ -97,6 +143,39 @@ def in_flight(plan: Plan, rank: int) -> float:
     return min(2 * (p - rank - 1) + (v - 1) * p + 1, mb * v)
 
 
+# megatron-core's vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py) casts the 16-bit
+# logits to fp32 (vocab_parallel_logits.float()) and exponentiates in place: at its peak the 16-bit
+# logits of the output layer and their fp32 copy both exist, 6 bytes per logit; the fp32 softmax is
+# kept for the backward, which rewrites it in place into the gradient.
+LOGIT_BYTES = 6
+
+
+def _nccl_bytes(plan: Plan, stage: Stage) -> float:
+    """NCCL buffers of the communicators this rank runs collectives or sends on: TP, CP, the
+    pipeline's neighbours, DP x CP, the tied-embedding group of the end stages and the world group
+    (loss and timing reductions). A group that leaves the node rings over the network."""
+    tied_end = plan.model.tied_embeddings and (stage.has_embedding or stage.has_output)
+    return _nccl_group_bytes(plan.tp, plan.cp, plan.pp, plan.dp, plan.gpus_per_node, tied_end)
+
+
+@lru_cache(maxsize=None)
+def _nccl_group_bytes(tp: int, cp: int, pp: int, dp: int, per_node: int, tied_end: bool) -> float:
+    groups = []  # span in GPUs (for locality) of each group with more than one rank
+    if tp > 1:
+        groups.append(tp)
+    if cp > 1:
+        groups.append(tp * cp)
+    if pp > 1:
+        groups += [tp * cp * pp] * (2 if tied_end else 1)
+    world = tp * cp * pp * dp
+    if dp * cp > 1:
+        groups.append(world if dp > 1 else tp * cp)
+    if world > 1:
+        groups.append(world)
+    return sum(NCCL_CHANNEL_BYTES * (NCCL_CHANNELS_NVLINK if span <= per_node else NCCL_CHANNELS_NETWORK)
+               for span in groups)
+
+
 def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMemory:
     m, t = plan.model, plan.tp
     n = params_per_rank(plan, stage)
@@ -111,13 +190,32 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMem
         act += layer_activation_bytes(plan, sw, full_layer=True)
     if stage.has_embedding:  # embedding output of every in-flight micro-batch
         act += min(chunks, plan.grad_accum) * tokens * 2 * m.hidden / t
-    if stage.has_output:  # final norm, output layer input, fp32 logits: 4sbh/t (1 + V/h)
-        act += tokens * 4 * m.hidden / t * (1 + m.vocab / m.hidden)
+    logits = 0.0
+    if stage.has_output:  # final norm and output layer inputs (Korthikanti's 4sbh/t), then the logits
+        act += tokens * 4 * m.hidden / t
+        logits = tokens * m.vocab / t * LOGIT_BYTES
 
-    buffers = FIXED_OVERHEAD_BYTES + FRAGMENTATION * act
+    pipe = 0.0
+    if plan.pp > 1:
+        # The activation received for the next forward and the gradient for the next backward
+        # (megatron-core p2p_communication.py allocates both per exchange).
+        message = tokens * m.hidden * 2 / (t if plan.sequence_parallel else 1)
+        pipe = 2 * message
+        if sw.pipeline_output_buffers and not stage.has_output:
+            pipe += min(chunks, plan.grad_accum) * tokens * m.hidden * 2
+    framework = 0.0
     if plan.zero_stage >= 3:  # the gathered layer being computed and the one prefetched
-        buffers += 2 * 2 * layer_params_per_rank(plan)
-    return StageMemory(stage.name, weights, grads, optimizer, act, buffers)
+        framework += 2 * 2 * layer_params_per_rank(plan)
+    elif sw.zero2_reduce_once and plan.zero_group > 1:  # grad_sync.py's fp32 copy of one bucket
+        framework += 4 * min(GRAD_BUCKET_NUMEL, n)
+    # The optimizer step runs after the last backward, when activations, logits and pipeline
+    # buffers are free: its temporaries reuse that memory and add only what exceeds it.
+    shard = n / (plan.zero_group if plan.zero_stage >= 1 else 1)
+    dynamic = act + logits + pipe
+    temp = sw.optimizer_temp_bytes_per_param * shard
+    return StageMemory(stage.name, weights, grads, optimizer, act, logits, pipe, framework,
+                       max(0.0, temp - dynamic), CUDA_CONTEXT_BYTES, _nccl_bytes(plan, stage),
+                       FRAGMENTATION * max(dynamic, temp))
 
 
 def plan_memory(plan: Plan, sw: Software = HYBRIDPAR) -> StageMemory:

@@ -38,8 +38,7 @@ class Evaluated:
         return {
             "tp": p.tp, "pp": p.pp, "cp": p.cp, "dp": p.dp, "vpp": p.vpp, "micro_batch": p.micro_batch,
             "grad_accum": p.grad_accum, "zero_stage": p.zero_stage, "recompute": p.recompute,
-            "memory_gib": {k: round(getattr(mem, k) / GIB, 2)
-                           for k in ("params", "grads", "optimizer", "activations", "total")},
+            "memory_gib": mem.gib(),  # every part, and their sum
             "fits": self.fits, "step_time_s": round(c.step_time_s, 4),
             "tokens_per_s": round(c.tokens_per_s, 1), "tflops_per_gpu": round(c.tflops_per_gpu, 1),
             "mfu": round(c.mfu, 4), "bubble_fraction": round(c.bubble_fraction, 4),

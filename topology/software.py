@@ -96,6 +96,14 @@ class Software:
     # Activation recomputation modes it offers (selective recomputation came with sequence
     # parallelism in 2022, Korthikanti et al.).
     recompute_modes: tuple[str, ...] = ("none", "selective", "full")
+    # Rotary position embeddings applied to Q and K in every layer (Llama, Nemotron); the 2021-2022
+    # GPT models used learned absolute position embeddings, BLOOM ALiBi (inside the softmax kernel).
+    rotary: bool = True
+    # Memory the framework holds beyond the model states and activations (topology/memory.py):
+    # bytes per parameter of the optimizer shard that the optimizer step allocates as temporaries,
+    # and whether the pipeline keeps each in-flight micro-batch's stage output in a buffer of its own.
+    optimizer_temp_bytes_per_param: int = 0
+    pipeline_output_buffers: bool = False
     # Forward TP collectives are never overlapped: megatron-core runs them synchronously unless
     # Transformer Engine's userbuffers are set up, which hybridpar does not do.
 
@@ -112,8 +120,12 @@ class Software:
 # every micro-batch's bf16 weight gradients are added into the fp32 ones by autograd's in-place
 # accumulation, cast on the fly (engine._fp32_grad; the first micro-batch of a step is only cast,
 # 6 bytes, counted like the others; a one-stage model's tied embedding still casts then adds).
+# Its optimizer step (hybridpar/engine.py: torch.optim.AdamW under DeepSpeed ZeRO) allocates 8 bytes
+# per parameter of the shard: DeepSpeed's fp32 flat partition gradient (zero/stage_1_and_2.py step:
+# flat_grad_partition.to(fp32)) and torch's foreach AdamW's sqrt of the variance, a new tensor
+# (torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(...)).
 HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1, 2),
-                     grad_accum_bytes_per_param=GRAD_ADD_MIXED)
+                     grad_accum_bytes_per_param=GRAD_ADD_MIXED, optimizer_temp_bytes_per_param=8)
 # megatron-core / NeMo (and Llama 3's stack): the same layers, megatron-core's distributed
 # optimizer (a reduce-scatter of the gradients, overlapped with the last backward; the weight
 # all-gather with the next forward) and classic ZeRO-2. bf16 gradients accumulate and are reduced
@@ -122,8 +134,10 @@ HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1,
 # and NeMo 2's bf16_mixed() precision plugin sets grad_reduce_in_fp32=True; megatron-core's
 # DistributedDataParallelConfig then keeps an fp32 main-grad buffer, which the weight-gradient
 # GEMMs accumulate into (gradient_accumulation_fusion, on in Megatron-LM and NeMo's configs).
+# Its distributed optimizer steps apex/Transformer Engine FusedAdam in place on views of the fp32
+# buffers: no temporary.
 MEGATRON_CORE = replace(HYBRIDPAR, name="megatron-core", label="megatron-core", zero2_reduce_once=False,
-                        zero_stages=(0, 1, 2, 3), grad_accum_bytes_per_param=0)
+                        zero_stages=(0, 1, 2, 3), grad_accum_bytes_per_param=0, optimizer_temp_bytes_per_param=0)
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
 # DP all-reduce after the pipeline flush (--DDP-impl local: allreduce_gradients() after the
@@ -133,9 +147,18 @@ MEGATRON_CORE = replace(HYBRIDPAR, name="megatron-core", label="megatron-core", 
 # megatron-core), and it splits pipeline messages over TP (scatter/gather, Narayanan et al. §4.1).
 # No ZeRO: its distributed optimizer came in 2022.
 MEGATRON_2021 = Software(name="megatron-lm-2021", label="Megatron-LM 2021", sequence_parallel=False, zero_stages=(0,),
-                         recompute_modes=("none", "full"),
+                         recompute_modes=("none", "full"), rotary=False,
                          flash_attention=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
                          overlap_p2p=False, grad_accum_bytes_per_param=GRAD_ADD_MIXED, tp_bwd_overlap=False, p2p_scatter_gather=True)
+# Megatron-LM 2022 (Korthikanti et al. 2022, "Reducing Activation Recomputation"): the 2021 layers
+# with sequence parallelism and selective recomputation (the attention core again in backward), still
+# no FlashAttention and dropout 0.1; --async-tensor-model-parallel-allreduce (the column-parallel
+# input-gradient all-reduce behind the weight-gradient GEMM), --gradient-accumulation-fusion (no
+# separate accumulation kernel) and --use-distributed-optimizer (ZeRO-1); the DP reduction still after
+# the pipeline flush (its overlap came in 2023).
+MEGATRON_2022 = replace(MEGATRON_2021, name="megatron-lm-2022", label="Megatron-LM 2022", sequence_parallel=True,
+                        recompute_modes=("none", "selective", "full"), zero_stages=(0, 1), tp_bwd_overlap=True,
+                        grad_accum_bytes_per_param=0)
 # The same code with --DDP-impl torch (examples/sc21/run_table_1.sh for the 1.7B-18B rows of
 # Narayanan et al.'s Table 1): torch's DistributedDataParallel all-reduces the fp16 gradients in
 # buckets as the last micro-batch's backward produces them (megatron's schedules run the others
@@ -150,12 +173,18 @@ MEGATRON_2021_TORCH_DDP = replace(MEGATRON_2021, name="megatron-lm-2021-torch-dd
 # (runtime/pipe/engine.py is_pipe_partitioned / is_grad_partitioned, on by default), so
 # p2p_scatter_gather stays True.
 # PipelineEngine refuses ZeRO-2 and 3; BF16_Optimizer shards the fp32 optimizer state over DP (ZeRO-1).
+# Memory: the PipelineEngine keeps each in-flight micro-batch's stage output in
+# pipe_buffers['outputs'] until its backward (runtime/pipe/engine.py _exec_forward_pass;
+# TrainSchedule.num_pipe_buffers = stages - stage_id); DeepSpeed's FusedAdam steps in place.
+# BF16_Optimizer's bf16 .grad copies are not counted: BLOOM's 2022 version set them to None after
+# each accumulation into the fp32 buffer (today's zeroes and keeps them, 2 bytes per parameter more).
 DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, name="deepspeed-pipe-bf16",
                               label="DeepSpeed's pipeline engine with BF16_Optimizer", zero_stages=(0, 1),
                               fp32_grads=True, blocking_p2p=True, full_grad_allreduce=True,
-                              grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY)
+                              grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY,
+                              pipeline_output_buffers=True)
 
 # `hybridpar plan --software NAME`: plan for hybridpar's runtime (default) or evaluate a layout
 # under the stack a published run used.
-PROFILES = {sw.name: sw for sw in (HYBRIDPAR, MEGATRON_CORE, MEGATRON_2021, MEGATRON_2021_TORCH_DDP,
+PROFILES = {sw.name: sw for sw in (HYBRIDPAR, MEGATRON_CORE, MEGATRON_2021, MEGATRON_2022, MEGATRON_2021_TORCH_DDP,
                                    DEEPSPEED_BF16_PIPE)}

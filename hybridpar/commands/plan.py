@@ -8,13 +8,16 @@ import math
 from pathlib import Path
 
 from topology.hardware import CATALOGUE, GIB, HardwareError, load_gpu
+from topology.memory import PARTS, TIGHT_MARGIN
 from topology.models import load_model
 from topology.plan import PRECISIONS, RECOMPUTE_MODES
 from topology.search import Request, search
 from topology.software import PROFILES
+from topology import validation
 
 from ..errors import UsageError
 
+OTHER_PARTS = PARTS[4:]  # beyond weights, gradients, optimizer state and activations
 HELP = "plan the TP x CP x PP x DP layout of a model on N GPUs (DP outermost), ranked by step time"
 
 DEFAULT_TOKENS = 16 * 1024 * 1024  # Llama 3's 16M-token batch (Table 4)
@@ -28,11 +31,14 @@ PINS = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "micro_batch": "micro_ba
 
 
 def add_arguments(p):
-    what = p.add_mutually_exclusive_group(required=True)
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--validate", action="store_true",
+                      help="print the published runs the planner is checked against: reported vs predicted MFU, "
+                      "signed error, memory verdict, median error and bias (docs/planner.md)")
     what.add_argument("--model", help="preset name or a .json/.yaml model file")
     what.add_argument("--recipe", help="a training recipe (hybridpar/recipe.py): its model, seq_len, "
                       "global_batch, cluster and parallel sizes (as pins); flags override it")
-    p.add_argument("--gpus", type=int, required=True, help="number of GPUs")
+    p.add_argument("--gpus", type=int, help="number of GPUs (required with --model or --recipe)")
     p.add_argument("--gpu", help=f"GPU type: {', '.join(CATALOGUE)} (default h100-80gb), or a .json/.yaml GPU "
                    "file (its keys replace those of the catalogue GPU it names as base, e.g. a measured gemm_fraction)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the GPU's, 8)")
@@ -47,7 +53,7 @@ def add_arguments(p):
     p.add_argument("--recompute", choices=list(RECOMPUTE_MODES), help="pin activation recomputation")
     p.add_argument("--software", choices=list(SOFTWARE), default="hybridpar",
                    help="the training software the plan is for (default hybridpar: its own runtime; "
-                   "megatron-core; megatron-lm-2021, megatron-lm-2021-torch-ddp and deepspeed-pipe-bf16 to "
+                   "megatron-core; megatron-lm-2021, megatron-lm-2022, megatron-lm-2021-torch-ddp and deepspeed-pipe-bf16 to "
                    "evaluate older published layouts)")
     p.add_argument("--network-gbit", type=float,
                    help="scale-out network per GPU and direction, Gbit/s (default: the GPU's catalogue "
@@ -84,6 +90,10 @@ def recipe_defaults(path: str) -> dict:
 
 
 def build_request(args) -> tuple[Request, int]:
+    if not (args.model or args.recipe):
+        raise UsageError("give --model NAME|FILE or --recipe FILE (with --gpus N), or --validate")
+    if args.gpus is None:
+        raise UsageError("--gpus N is required: the number of GPUs to plan for")
     base = recipe_defaults(args.recipe) if args.recipe else {"pins": {}}
     if args.seq_len is None:
         args.seq_len = base.get("seq_len") or 8192
@@ -141,14 +151,69 @@ def build_request(args) -> tuple[Request, int]:
 
 
 def run(args) -> int:
+    if args.validate:
+        print(json.dumps(validation_json(), indent=1) if args.json else render_validation())
+        return 0
     req, top = build_request(args)
     result = search(req, top=top)
     if args.json:
-        print(json.dumps({"plans": [e.to_json() for e in result.plans],
+        print(json.dumps({"plans": [plan_json(req, e) for e in result.plans],
                           "rejected": [r.to_json() for r in result.rejected]}, indent=1))
         return 0
     print(render(req, result))
     return 0
+
+
+def region_note(req: Request, e) -> str | None:
+    p = e.plan
+    return validation.outside_validated_region(p.model.total_params, req.hardware().name, p.model.hidden // p.tp,
+                                               p.seq_len)
+
+
+def plan_json(req: Request, e) -> dict:
+    """A plan's JSON: topology.search.Evaluated.to_json plus its ranges and, outside the validated
+    region, the note saying so."""
+    c = e.cost
+    return {**e.to_json(), "mfu_range": [round(x, 4) for x in validation.mfu_range(c.mfu)],
+            "step_time_s_range": [round(x, 4) for x in validation.step_time_range(c.step_time_s)],
+            "validated_region": region_note(req, e)}
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{x:.1%}"
+
+
+def render_validation() -> str:
+    rows, s = validation.checks(), validation.summary()
+    head = (f"{'run':<36} {'GPUs':>5} {'layout TP/PP/CP/DP':<22} {'reported':>8} {'predicted':>9} {'error':>7} "
+            f"{'GiB':>6} memory")
+    lines = ["Published runs, each costed with its published layout and the software profile of the stack "
+             "that ran it (topology/cases.py); MFU in model FLOPs over the dense 16-bit peak", "", head, "-" * len(head)]
+    for r in rows:
+        err = "" if r.error is None else f"{r.error:+.1%}"
+        lines.append(f"{r.id:<36} {r.gpus:>5} {r.layout:<22} {_pct(r.reported_mfu):>8} {r.predicted_mfu:>9.1%} "
+                     f"{err:>7} {r.memory_gib:>6.1f} {r.memory_verdict}")
+    lo, hi = s.ratio_range
+    lines += ["", f"{s.timed} runs with a reported throughput: median |error| {s.median_abs_error:.1%}, signed bias "
+              f"(median error) {s.signed_bias:+.1%}, {s.within} within {validation.TOLERANCE:.0%}",
+              f"memory verdicts right: {s.memory_right} of {s.memory_checked} (runs that ran predicted to fit, "
+              "runs that ran out of memory predicted not to)"]
+    lines += [f"ranking inside sweep {name}: Spearman {rho:.2f} (predicted vs reported MFU)" for name, rho in s.sweeps.items()]
+    lines.append(f"range given with every prediction: reported/predicted {lo:.2f}-{hi:.2f} "
+                 f"({validation.RANGE_PERCENTILES[0]}th-{validation.RANGE_PERCENTILES[1]}th percentile)")
+    return "\n".join(lines)
+
+
+def validation_json() -> dict:
+    s = validation.summary()
+    return {"runs": [{"id": r.id, "gpus": r.gpus, "layout": r.layout, "reported_mfu": r.reported_mfu,
+                      "predicted_mfu": round(r.predicted_mfu, 4),
+                      "error": None if r.error is None else round(r.error, 4), "memory_gib": round(r.memory_gib, 2),
+                      "fits": r.fits, "ran": r.ran, "memory_verdict": r.memory_verdict} for r in validation.checks()],
+            "median_abs_error": round(s.median_abs_error, 4), "signed_bias": round(s.signed_bias, 4),
+            "within_15_percent": s.within, "timed": s.timed, "memory_right": s.memory_right,
+            "memory_checked": s.memory_checked, "reported_over_predicted_range": [round(x, 4) for x in s.ratio_range],
+            "sweep_spearman": {k: round(v, 3) for k, v in s.sweeps.items()}}
 
 
 def render(req: Request, result) -> str:
@@ -159,14 +224,25 @@ def render(req: Request, result) -> str:
              f"planned for {req.software.label}; "
              f"{result.examined} configurations examined, {result.evaluated} fit and were costed"]
     head = (f"{'#':>2} {'TP':>3} {'CP':>3} {'PP':>4} {'DP':>5} {'VPP':>3} {'mb':>3} {'GA':>4} {'Z':>1} "
-            f"{'recomp':<9} {'step s':>7} {'tok/s':>10} {'TFLOP/s':>7} {'MFU':>6} {'bubble':>6} {'GiB':>5} fits")
+            f"{'recomp':<9} {'step s (range)':>21} {'tok/s':>10} {'TFLOP/s':>7} {'MFU (range)':>13} {'bubble':>6} "
+            f"{'GiB':>5} fits")
     lines += ["", head, "-" * len(head)]
     for i, e in enumerate(result.plans, 1):
         p, c = e.plan, e.cost
+        slo, shi = validation.step_time_range(c.step_time_s)
+        mlo, mhi = validation.mfu_range(c.mfu)
+        step = f"{c.step_time_s:.3g} ({slo:.3g}-{shi:.3g})"
+        mfu = f"{c.mfu:.0%} ({mlo * 100:.0f}-{mhi:.0%})"
+        fits = "yes" if e.fits else "NO"
+        if e.fits and e.memory.tight(gpu.memory_bytes):
+            fits = "tight"
         lines.append(f"{i:>2} {p.tp:>3} {p.cp:>3} {p.pp:>4} {p.dp:>5} {p.vpp:>3} {p.micro_batch:>3} "
-                     f"{p.grad_accum:>4} {p.zero_stage:>1} {p.recompute:<9} {c.step_time_s:>7.3f} "
-                     f"{c.tokens_per_s:>10,.0f} {c.tflops_per_gpu:>7.1f} {c.mfu:>6.1%} {c.bubble_fraction:>6.1%} "
-                     f"{e.memory.total / GIB:>5.1f} {'yes' if e.fits else 'NO'}")
+                     f"{p.grad_accum:>4} {p.zero_stage:>1} {p.recompute:<9} {step:>21} "
+                     f"{c.tokens_per_s:>10,.0f} {c.tflops_per_gpu:>7.1f} {mfu:>13} {c.bubble_fraction:>6.1%} "
+                     f"{e.memory.total / GIB:>5.1f} {fits}")
+    lines.append(validation.RANGE_NOTE)
+    notes = {note for note in (region_note(req, e) for e in result.plans) if note}
+    lines += sorted(notes)
     lighter = [str(i) for i, e in enumerate(result.plans, 1) if e.plan.lighter_end_stages]
     if lighter:
         lines.append(f"plans {', '.join(lighter)}: lighter end stages (Llama 3): {req.model.layers} layers + embedding + "
@@ -176,7 +252,10 @@ def render(req: Request, result) -> str:
         g = e.memory.gib()
         lines.append(f"{i:>2} {e.memory.stage:<12} weights {g['params']:>6.2f}  grads {g['grads']:>6.2f}  "
                      f"optimizer {g['optimizer']:>6.2f}  activations {g['activations']:>6.2f}  "
-                     f"allowance {g['buffers']:>5.2f}  total {g['total']:>6.2f} of {gpu.memory_gib:.0f}")
+                     f"other {e.memory.overhead / GIB:>5.2f}  total {g['total']:>6.2f} of {gpu.memory_gib:.0f}"
+                     f"{f'  (tight: within {TIGHT_MARGIN:.0%} of capacity)' if e.fits and e.memory.tight(gpu.memory_bytes) else ''}")
+        other = [f"{k.replace('_', ' ')} {g[k]:.2f}" for k in OTHER_PARTS if g[k]]
+        lines.append(f"{'':>15}other: {', '.join(other)}")
     lines += ["", "Time per step, seconds (exposed, on the slowest pipeline rank):"]
     for i, e in enumerate(result.plans, 1):
         c = e.cost

@@ -1,0 +1,156 @@
+"""The planner against every published run it has: each published layout costed as given
+(topology/cases.py), the error of its MFU and its memory verdict; the spread of those errors gives
+every prediction its range, and the runs' shapes say where the planner has been checked at all.
+
+Runs: ../shared/cases/public_cases.json (14) and tests/data/validation_runs.json (the out-of-sample
+runs, among them one sweep of layouts on one cluster and the layouts of it that ran out of memory).
+Nothing here feeds back into the physics: the ranges are read off the errors, never used to correct
+the prediction.
+"""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .cases import CASES_PATH, VALIDATION_PATH, load_cases, predict_case
+from .hardware import GIB, get_gpu
+
+# The range given with a prediction: the 10th to 90th percentile of reported / predicted over the
+# runs that report a throughput.
+RANGE_PERCENTILES = (10, 90)
+TOLERANCE = 0.15  # "within" in the summary: |predicted / reported - 1| <= 15%
+# A plan is "near" a validated run along one axis when within these factors of it.
+NEAR = {"params": 3.0, "hidden_per_tp": 2.0, "seq_len": 2.0}
+
+
+@dataclass(frozen=True)
+class CaseCheck:
+    id: str
+    gpus: int
+    gpu: str
+    layout: str  # TP/PP/CP/DP and the micro-batch (and VPP) costed
+    params: float
+    hidden_per_tp: int
+    seq_len: int
+    reported_mfu: float | None  # None: the layout ran out of memory, no throughput
+    predicted_mfu: float
+    memory_gib: float
+    capacity_gib: float
+    fits: bool
+    ran: bool  # False: published as out of memory
+    sweep: str | None
+
+    @property
+    def error(self) -> float | None:
+        return None if self.reported_mfu is None else self.predicted_mfu / self.reported_mfu - 1
+
+    @property
+    def memory_verdict(self) -> str:
+        if self.ran:
+            return "fits" if self.fits else "REFUSED (it ran)"
+        return "OOM predicted" if not self.fits else "FITS (it ran out of memory)"
+
+    @property
+    def memory_right(self) -> bool:
+        return self.fits == self.ran
+
+
+def check(case: dict) -> CaseCheck:
+    e = predict_case(case)
+    p = e.plan
+    layout = f"{p.tp}/{p.pp}/{p.cp}/{p.dp} mb{p.micro_batch}" + (f" v{p.vpp}" if p.vpp > 1 else "")
+    return CaseCheck(case["id"], case["num_gpus"], case["gpu"].lower(), layout, p.model.total_params,
+                     p.model.hidden // p.tp, p.seq_len, case.get("model_flops_mfu"), e.cost.mfu,
+                     e.memory.total / GIB, get_gpu(case["gpu"].lower()).memory_gib, e.fits,
+                     case.get("outcome", "ran") != "oom", case.get("sweep"))
+
+
+@lru_cache(maxsize=1)
+def checks() -> tuple[CaseCheck, ...]:
+    cases = (load_cases(CASES_PATH) if CASES_PATH.is_file() else []) + load_cases(VALIDATION_PATH)
+    return tuple(check(c) for c in cases)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between order statistics (numpy's default)."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q / 100
+    lo = int(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(v):
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        for rank, i in enumerate(order):
+            r[i] = rank
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    n = len(xs)
+    mx, my = sum(rx) / n, sum(ry) / n
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else 0.0
+
+
+@dataclass(frozen=True)
+class Summary:
+    timed: int  # runs with a reported throughput
+    median_abs_error: float
+    signed_bias: float  # median signed error
+    within: int  # |error| <= TOLERANCE
+    memory_right: int
+    memory_checked: int
+    ratio_range: tuple[float, float]  # RANGE_PERCENTILES of reported / predicted
+    sweeps: dict  # sweep name -> Spearman rank correlation of predicted vs reported MFU
+
+
+def summary(rows: tuple[CaseCheck, ...] | None = None) -> Summary:
+    rows = checks() if rows is None else rows
+    errors = [r.error for r in rows if r.error is not None]
+    ratios = [1 / (1 + e) for e in errors]
+    sweeps = {}
+    for name in sorted({r.sweep for r in rows if r.sweep}):
+        timed = [r for r in rows if r.sweep == name and r.error is not None]
+        sweeps[name] = spearman([r.predicted_mfu for r in timed], [r.reported_mfu for r in timed])
+    return Summary(len(errors), statistics.median(abs(e) for e in errors), statistics.median(errors),
+                   sum(abs(e) <= TOLERANCE for e in errors), sum(r.memory_right for r in rows), len(rows),
+                   (_percentile(ratios, RANGE_PERCENTILES[0]), _percentile(ratios, RANGE_PERCENTILES[1])), sweeps)
+
+
+def mfu_range(mfu: float) -> tuple[float, float]:
+    """[lo, hi] around a predicted MFU from the validation spread; lo <= mfu <= hi."""
+    lo, hi = summary().ratio_range
+    return mfu * min(lo, 1.0), mfu * max(hi, 1.0)
+
+
+def step_time_range(step_s: float) -> tuple[float, float]:
+    lo, hi = summary().ratio_range
+    return step_s / max(hi, 1.0), step_s / min(lo, 1.0)
+
+
+RANGE_NOTE = (f"ranges: the {RANGE_PERCENTILES[0]}th-{RANGE_PERCENTILES[1]}th percentile of reported/predicted "
+              "MFU over the published runs of `hybridpar plan --validate`")
+
+
+def outside_validated_region(params: float, gpu: str, hidden_per_tp: int, seq_len: int) -> str | None:
+    """One line naming what no validated run is near, or None inside the validated region."""
+    timed = [r for r in checks() if r.error is not None]
+    near = lambda a, b, f: b / f <= a <= b * f
+    missing = []
+    gpu = gpu.split(" (")[0]  # a GPU file based on a catalogue GPU ("h100-80gb (mine)") is that GPU
+    if gpu not in {r.gpu for r in timed}:
+        missing.append(f"GPU {gpu} (validated: {', '.join(sorted({r.gpu for r in timed}))})")
+    if not any(near(params, r.params, NEAR["params"]) for r in timed):
+        missing.append(f"model size {params / 1e9:.3g}B")
+    if not any(near(hidden_per_tp, r.hidden_per_tp, NEAR["hidden_per_tp"]) for r in timed):
+        missing.append(f"hidden/TP {hidden_per_tp}")
+    if not any(near(seq_len, r.seq_len, NEAR["seq_len"]) for r in timed):
+        missing.append(f"sequence length {seq_len:,}")
+    if not missing:
+        return None
+    return "outside the validated region: no published run near its " + "; ".join(missing)
