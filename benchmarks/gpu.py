@@ -70,51 +70,54 @@ def main(argv=None) -> int:
         return 2
     from hybridpar.data import SyntheticTokens
     from hybridpar.engine import OptimConfig
-    from hybridpar.launch import init_distributed
+    from hybridpar.launch import init_distributed, shutdown
     from hybridpar.train import Job
 
     init_distributed()
-    props = torch.cuda.get_device_properties(0)
-    gpu_key = catalogue_name(props.name, props.total_memory / 2**30)
-    gpu = get_gpu(gpu_key)
-    plan = make_plan(gpu_key, args.seq_len, args.micro_batch, args.global_batch)
-    source = SyntheticTokens(plan.seq_len, plan.global_batch, MODEL.vocab, seed=0)
-    optim = OptimConfig(lr=3e-4, min_lr=3e-5, warmup_steps=2, total_steps=args.warmup + args.steps)
-    job = Job(plan, optim, source, seed=0)
-    setup_s = time.perf_counter() - t_start
-    times, losses = [], []
-    for step in range(1, args.warmup + args.steps + 1):
-        torch.cuda.synchronize()
-        m = job.train_step(step)  # returns after the loss all-reduce; synchronise for the clock anyway
-        torch.cuda.synchronize()
-        losses.append(m.loss)
-        if step > args.warmup:
-            times.append(m.step_time_s)
-        print(f"step {step}: loss {m.loss:.4f} {m.step_time_s * 1e3:.0f} ms", flush=True)
-    step_s = statistics.median(times)
-    tokens = plan.global_batch * plan.seq_len
-    flops = plan.global_batch * model_flops_per_seq(MODEL, plan.seq_len)
-    tflops = flops / step_s / 1e12
-    peak = gpu.peak_tflops("bf16")
-    predicted = {name: step_cost(plan, sw=sw) for name, sw in PREDICTIONS}
-    result = {
-        "device": props.name, "catalogue_gpu": gpu_key, "peak_bf16_tflops": peak,
-        "model": MODEL.to_dict(), "params": sum(p.numel() for c in job.chunks for p in c.parameters()),
-        "plan": plan.to_dict(), "steps": args.steps, "warmup": args.warmup,
-        "step_time_s": {"median": step_s, "min": min(times), "max": max(times)},
-        "tokens_per_s": tokens / step_s, "model_tflops": tflops, "mfu": tflops / peak,
-        "losses": losses, "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
-        "setup_s": setup_s, "wall_s": time.perf_counter() - t_start,
-        "predicted": {k: {"step_time_s": c.step_time_s, "tokens_per_s": c.tokens_per_s, "mfu": c.mfu}
-                      for k, c in predicted.items()},
-    }
-    print(f"{props.name}: {result['params'] / 1e9:.3f}B params, step {step_s * 1e3:.0f} ms, {tokens / step_s:,.0f} tokens/s, "
-          f"{tflops:.0f} TFLOP/s, MFU {tflops / peak:.1%} of {peak:.0f}")
-    for k, c in predicted.items():
-        print(f"  {k}: step {c.step_time_s * 1e3:.0f} ms, {c.tokens_per_s:,.0f} tokens/s, MFU {c.mfu:.1%}")
-    write_result("gpu", result, command=("hybridpar bench gpu " + " ".join(argv or [])).strip())
-    job.close()
-    return 0
+    try:
+        props = torch.cuda.get_device_properties(0)
+        gpu_key = catalogue_name(props.name, props.total_memory / 2**30)
+        gpu = get_gpu(gpu_key)
+        plan = make_plan(gpu_key, args.seq_len, args.micro_batch, args.global_batch)
+        source = SyntheticTokens(plan.seq_len, plan.global_batch, MODEL.vocab, seed=0)
+        optim = OptimConfig(lr=3e-4, min_lr=3e-5, warmup_steps=2, total_steps=args.warmup + args.steps)
+        job = Job(plan, optim, source, seed=0)
+        setup_s = time.perf_counter() - t_start
+        times, losses = [], []
+        for step in range(1, args.warmup + args.steps + 1):
+            torch.cuda.synchronize()
+            m = job.train_step(step)  # returns after the loss all-reduce; synchronise for the clock anyway
+            torch.cuda.synchronize()
+            losses.append(m.loss)
+            if step > args.warmup:
+                times.append(m.step_time_s)
+            print(f"step {step}: loss {m.loss:.4f} {m.step_time_s * 1e3:.0f} ms", flush=True)
+        step_s = statistics.median(times)
+        tokens = plan.global_batch * plan.seq_len
+        flops = plan.global_batch * model_flops_per_seq(MODEL, plan.seq_len)
+        tflops = flops / step_s / 1e12
+        peak = gpu.peak_tflops("bf16")
+        predicted = {name: step_cost(plan, sw=sw) for name, sw in PREDICTIONS}
+        result = {
+            "device": props.name, "catalogue_gpu": gpu_key, "peak_bf16_tflops": peak,
+            "model": MODEL.to_dict(), "params": sum(p.numel() for c in job.chunks for p in c.parameters()),
+            "plan": plan.to_dict(), "steps": args.steps, "warmup": args.warmup,
+            "step_time_s": {"median": step_s, "min": min(times), "max": max(times)},
+            "tokens_per_s": tokens / step_s, "model_tflops": tflops, "mfu": tflops / peak,
+            "losses": losses, "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30,
+            "setup_s": setup_s, "wall_s": time.perf_counter() - t_start,
+            "predicted": {k: {"step_time_s": c.step_time_s, "tokens_per_s": c.tokens_per_s, "mfu": c.mfu}
+                          for k, c in predicted.items()},
+        }
+        print(f"{props.name}: {result['params'] / 1e9:.3f}B params, step {step_s * 1e3:.0f} ms, {tokens / step_s:,.0f} tokens/s, "
+              f"{tflops:.0f} TFLOP/s, MFU {tflops / peak:.1%} of {peak:.0f}")
+        for k, c in predicted.items():
+            print(f"  {k}: step {c.step_time_s * 1e3:.0f} ms, {c.tokens_per_s:,.0f} tokens/s, MFU {c.mfu:.1%}")
+        write_result("gpu", result, command=("hybridpar bench gpu " + " ".join(argv or [])).strip())
+        job.close()
+        return 0
+    finally:
+        shutdown()  # NCCL's communicators are torn down, not left to the interpreter's exit
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ parallel: {tp: 2, pp: 2, dp: 2, cp: 1, vpp: 1, zero: 1, micro_batch: 2, sequence
 train: {global_batch: 16, seq_len: 32, steps: 5, lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 2,
         weight_decay: 0.1, grad_clip: 1.0, seed: 0, precision: auto}
 data: {source: synthetic}   # or {source: embedded, tokenizer: byte} / {source: indexed, path: PREFIX}
-cluster: {gpu: h100-80gb, gpus_per_node: 8}
+cluster: {gpu: h100-80gb, gpus_per_node: 8}   # a GPU recipe: refuses to train without CUDA unless --allow-cpu
 checkpoint: {save_dir: ckpt/tiny, save_every: 50, keep_last: 0}   # hybridpar.checkpoint
 generate: {prompt: "Ham.\n", tokens: 200, temperature: 0.0}    # a sample after the last step (hybridpar.generate)
 ```
@@ -98,7 +98,11 @@ class DataSection:
 
 @dataclass(frozen=True)
 class ClusterSection:
-    gpu: str = "h100-80gb"
+    """The GPUs the recipe is for. A recipe that names a GPU refuses to train on a machine without
+    CUDA unless ``--allow-cpu`` (commands/train.py); without one it is a CPU recipe, and the planner
+    figures it shows are for the planner's default GPU."""
+
+    gpu: Optional[str] = None
     gpus_per_node: int = 8
 
 
@@ -190,7 +194,7 @@ class Recipe:
             dp=p.dp if p.dp is not None else 1, vpp=p.vpp, micro_batch=p.micro_batch, zero_stage=p.zero,
             sequence_parallel=p.sequence_parallel, precision=self.resolved_precision(), order=p.order,
             recompute=p.recompute,
-            gpu=self.cluster.gpu, gpus_per_node=self.cluster.gpus_per_node,
+            **({"gpu": self.cluster.gpu} if self.cluster.gpu else {}), gpus_per_node=self.cluster.gpus_per_node,
         ).with_default_split()
 
     def optim_config(self):

@@ -1,39 +1,68 @@
 #!/usr/bin/env bash
-# The GPU checks, in one bounded command for the lent GPU machine (no network there; python3 3.12 with
-# a CUDA torch). Prepare here first: `bash scripts/gpu_kit.sh` (wheels in .whl/), then with the device
+# The GPU checks, in one bounded command for a lent GPU machine (no network there; python3 3.12 with a
+# CUDA torch). Prepare here first: `bash scripts/gpu_kit.sh` (wheels in .whl/), then with the device
 # tool: run(command="bash scripts/gpu_session.sh", carry=[".whl"], timeout_s=600). Results land in $OUT.
-#  1. torch SDPA (FlashAttention) vs megatron's attention on the GPU, fp32 and bf16 (tests/test_attention.py's worker)
-#  2. `hybridpar train` of the tiny recipe in bf16 on one GPU (NCCL, DeepSpeed bf16 ZeRO-1): runs, loss falls
-#  3. `hybridpar bench gpu`: the ~1B model's tokens/s, TFLOP/s, MFU vs the planner (issue 5 §6, target 40%)
-#  0. first, `hybridpar bench kernels`: the GPU's achievable matmul and attention fractions as a GPU file
-#     (the planner's compute ceiling, measured; README "kernels")
+# The whole session ends within BUDGET_S (520 s) whatever happens: every step runs under its own
+# timeout, cut further to what is left of the budget, and $OUT/session.json records each step's exit
+# code and seconds as soon as it ends, so what was measured comes back even when a step fails. Logs and
+# results go to $OUT/work/ and end up in $OUT/session.tgz (the device tool brings back 8 files at most).
+#  setup       the wheels, and the versions of torch, DeepSpeed and megatron-core
+#  kernels     `hybridpar bench kernels`: the GPU's achievable matmul and attention fractions (a GPU file)
+#  attention   torch SDPA (FlashAttention) vs megatron's attention on the GPU, fp32 and bf16
+#  train_bf16  the main job's recipe on one GPU in bf16 (NCCL, DeepSpeed bf16 ZeRO-1): checkpoint saves
+#              through pinned host memory, the sample after the last step on rank 0's CPU
+#  init        `hybridpar bench init`: the 8B one-node recipe's weights drawn per shard on the GPU
+#  bench_gpu   `hybridpar bench gpu`: the ~1B model's tokens/s, TFLOP/s and MFU against the planner
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/hybridpar-gpu}
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+BUDGET_S=${BUDGET_S:-520}
+WORK=$OUT/work
+mkdir -p "$WORK"
+START=$SECONDS
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore DS_BUILD_OPS=0
-nvidia-smi -L
-python3 -c "import torch, deepspeed, megatron.core as m; print('torch', torch.__version__, 'deepspeed', deepspeed.__version__, 'megatron-core', m.__version__, torch.cuda.get_device_name())" || exit 1
 status=0
+records=()
+
+record() {  # name, exit code, seconds: rewrite $OUT/session.json with every step so far
+    records+=("{\"step\": \"$1\", \"exit\": $2, \"seconds\": $3}")
+    local IFS=,
+    printf '{"budget_s": %s, "elapsed_s": %s, "steps": [%s]}\n' "$BUDGET_S" "$((SECONDS - START))" "${records[*]}" \
+        > "$OUT/session.json.tmp" && mv "$OUT/session.json.tmp" "$OUT/session.json"
+}
+
 step() {  # name, seconds, command...
     local name=$1 limit=$2; shift 2
-    echo "=== $name"
+    local left=$((BUDGET_S - (SECONDS - START) - 5))
+    if [ "$left" -lt 10 ]; then
+        echo "=== $name: skipped, ${left} s of the budget left"
+        record "$name" -1 0
+        status=1
+        return
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "=== $name (at most $limit s)"
     local t0=$SECONDS
-    timeout "$limit" "$@" > "$OUT/$name.log" 2>&1
+    timeout --kill-after=5 "$limit" "$@" > "$WORK/$name.log" 2>&1
     local rc=$?
-    tail -n 25 "$OUT/$name.log"
+    tail -n 20 "$WORK/$name.log"
     echo "=== $name: exit $rc after $((SECONDS - t0)) s"
+    record "$name" "$rc" "$((SECONDS - t0))"
     [ $rc -eq 0 ] || status=1
 }
-step kernels 90 python3 -m hybridpar bench kernels --seconds 0.1 --soak 30 --out "$OUT/gpu-measured.yaml"
-[ -f "$OUT/gpu-measured.yaml" ] && cat "$OUT/gpu-measured.yaml"
-cp benchmarks/results/kernels.json "$OUT/" 2>/dev/null
-step attention 120 python3 tests/workers/attention_worker.py "$OUT/attention.json"
-[ -f "$OUT/attention.json" ] && cat "$OUT/attention.json"
-sed 's/precision: auto.*/precision: bf16/' recipes/tiny.yaml > /tmp/tiny-bf16.yaml
-step train_bf16 120 python3 -m hybridpar train --recipe /tmp/tiny-bf16.yaml --nproc 1 --tp 1 --pp 1 --dp 1 --steps 20 \
-    --out "$OUT/train_bf16" --no-progress
-step bench_gpu 260 python3 -m hybridpar bench gpu
-cp benchmarks/results/gpu.json "$OUT/" 2>/dev/null
+
+step setup 60 bash -c 'python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && nvidia-smi -L && python3 -c "import torch, deepspeed, megatron.core as m; print(\"torch\", torch.__version__, \"deepspeed\", deepspeed.__version__, \"megatron-core\", m.__version__, torch.cuda.get_device_name())"'
+step kernels 70 python3 -m hybridpar bench kernels --seconds 0.1 --soak 20 --out "$WORK/gpu-measured.yaml"
+cp benchmarks/results/kernels.json "$WORK/" 2>/dev/null
+step attention 45 python3 tests/workers/attention_worker.py "$WORK/attention.json"
+step train_bf16 90 python3 -m hybridpar train --recipe recipes/default.yaml --nproc 1 --tp 1 --pp 1 --dp 1 --steps 20 \
+    --out "$WORK/train_bf16" --save-dir "$WORK/train_bf16/ckpt" --save-every 10 --no-progress
+rm -rf "$WORK/train_bf16/ckpt"  # the checkpoint files are large; their saves are in the log
+step init 45 python3 -m hybridpar bench init --recipe recipes/llama3-8b-1node.yaml --gpus 8 --repeats 3
+cp benchmarks/results/init.json "$WORK/" 2>/dev/null
+step bench_gpu 150 python3 -m hybridpar bench gpu --steps 20 --warmup 5
+cp benchmarks/results/gpu.json "$WORK/" 2>/dev/null
+tar -czf "$OUT/session.tgz" -C "$OUT" work && rm -rf "$WORK"
+echo "session: $((SECONDS - START)) s of $BUDGET_S"
 exit $status

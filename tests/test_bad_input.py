@@ -48,6 +48,7 @@ CASES = [
     ("plan-negative-gpus", "plan --model llama3-8b --gpus -8", "positive"),
     ("plan-tp-not-dividing", "plan --model llama3-8b --gpus 8 --tp 3", "does not divide"),
     ("plan-contradictory-batch", "plan --model llama3-8b --gpus 8 --global-batch 8 --global-batch-tokens 100", "not allowed"),
+    ("plan-headroom-out-of-range", "plan --model llama3-8b --gpus 8 --headroom 100", "--headroom"),
     ("plan-pins-not-world", "plan --model llama3-8b --gpus 8 --tp 2 --pp 2 --dp 4 --cp 1", "but --gpus is 8"),
     # mesh
     ("mesh-zero-size", "mesh --tp 0", "positive"),
@@ -84,6 +85,8 @@ CASES = [
     ("train-negative-nproc", f"train --recipe {TINY} --nproc -2", "--nproc"),
     ("train-missing-data", "train --recipe missingdata.yaml", "nowhere/x"),
     ("train-vocab-mismatch", "train --recipe smallvocab.yaml", "vocab"),
+    # a GPU recipe on a machine without CUDA (this one): no silent CPU run
+    ("train-gpu-recipe-without-cuda", f"train --recipe {REPO}/recipes/llama3-8b-1node.yaml --nproc 8", "--allow-cpu"),
     # data and report
     ("data-missing-input", "data prepare nofile.txt --out x/y", "nofile.txt"),
     ("data-info-missing", "data info nowhere/prefix", "nowhere/prefix"),

@@ -343,3 +343,17 @@ def test_plan_needs_a_model_and_gpus_unless_validating(capsys):
     for argv, words in ((["--gpus", "8"], "give --model"), (["--model", "llama3-8b"], "--gpus N is required")):
         code, _, err = run(argv, capsys)
         assert code == 2 and words in err and len(err.strip().splitlines()) == 1
+
+
+def test_headroom_leaves_that_share_of_memory_free(capsys):
+    """--headroom 10: every plan shown needs at most 90% of the GPU's memory; the layouts that fit
+    only without it (Llama 3 8B on one node at micro-batch 1 with TP1 PP2, 78.5 of 79.6 GiB) are gone."""
+    from topology.hardware import get_gpu
+
+    capacity = get_gpu("h100-80gb").memory_gib
+    argv = ["--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--top", "30"]
+    free = json.loads(run(argv + ["--json"], capsys)[1])
+    kept = json.loads(run(argv + ["--headroom", "10", "--json"], capsys)[1])
+    assert max(p["memory_gib"]["total"] for p in free["plans"]) > 0.9 * capacity  # the case exists without it
+    assert all(p["memory_gib"]["total"] <= 0.9 * capacity for p in kept["plans"]), kept["plans"]
+    assert kept["plans"] and kept["plans"][0]["step_time_s"] >= free["plans"][0]["step_time_s"]

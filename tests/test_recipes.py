@@ -20,6 +20,7 @@ RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
 LLAMA = [p for p in RECIPES if p.stem.startswith("llama3-")]
 CPU = [p for p in RECIPES if p not in LLAMA]
 COMMAND = re.compile(r"`hybridpar plan --recipe (recipes/[\w.-]+\.yaml) --gpus (\d+)((?: --[\w-]+ [\w.-]+)*)`")
+HEADROOM = 0.10  # every GPU recipe leaves at least this share of each GPU's memory free
 
 
 def stated_command(path: Path) -> tuple[int, list[str]]:
@@ -41,7 +42,20 @@ def plan_json(capsys, argv) -> dict:
 
 def test_recipes_exist():
     names = {p.stem for p in RECIPES}
-    assert {"tiny", "small-cpu", "default", "llama3-8b", "llama3-70b", "llama3-405b"} <= names
+    assert {"tiny", "small-cpu", "default", "llama3-8b", "llama3-8b-1node", "llama3-70b", "llama3-405b"} <= names
+
+
+@pytest.mark.parametrize("path", LLAMA, ids=lambda p: p.stem)
+def test_gpu_recipe_fits_its_gpus_with_headroom(path, capsys):
+    """The recipe's pinned layout, on the GPU count it states, needs at most 90% of each GPU's memory
+    (every memory term of topology/memory.py, the largest pipeline stage)."""
+    from topology.hardware import get_gpu
+
+    gpus, pins = stated_command(path)
+    assert pins[pins.index("--headroom") + 1] == "10", pins  # the plan that chose it kept the headroom
+    plan = plan_json(capsys, ["--recipe", str(path), "--gpus", str(gpus)])
+    capacity = get_gpu(load_recipe(str(path)).cluster.gpu).memory_gib
+    assert plan["fits"] and plan["memory_gib"]["total"] <= (1 - HEADROOM) * capacity, (plan["memory_gib"], capacity)
 
 
 @pytest.mark.parametrize("path", CPU, ids=lambda p: p.stem)
@@ -60,7 +74,7 @@ def test_llama_recipe_is_the_planners_choice(path, tmp_path, capsys):
     assert (t.seq_len, t.precision, recipe.cluster.gpu) == (8192, "bf16", "h100-80gb")
     assert t.global_batch * t.seq_len in (4 * 2**20, 8 * 2**20, 16 * 2**20)  # Llama 3's batches in tokens
     assert t.warmup_steps == 8000 and t.steps == 1_200_000 and t.min_lr == pytest.approx(t.lr / 100)
-    assert recipe.model.name == path.stem and recipe.data.source == "indexed"
+    assert path.stem.startswith(recipe.model.name) and recipe.data.source == "indexed"
     assert recipe.data.tokenizer.endswith("tokenizer.json") and recipe.data.path
 
     # The recipe as given to the planner: the same file without its layout.

@@ -125,12 +125,12 @@ def test_bad_input_from_the_real_command_line(tmp_path):
 
 
 # --- 8 ranks == 1 rank, through the command line --------------------------------------------------
-def _train(tmp_path, name, *flags):
+def _train(tmp_path, name, *flags, recipe=TINY):
     out = tmp_path / name
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env.pop("RANK", None)
     env.pop("WORLD_SIZE", None)
-    cmd = [sys.executable, "-m", "hybridpar", "train", "--recipe", str(TINY), "--steps", "5", "--seed", "0", "--out", str(out), *flags]
+    cmd = [sys.executable, "-m", "hybridpar", "train", "--recipe", str(recipe), "--steps", "5", "--seed", "0", "--out", str(out), *flags]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -138,8 +138,13 @@ def _train(tmp_path, name, *flags):
 
 
 def test_eight_ranks_tp2_pp2_dp2_match_one_rank(tmp_path):
+    """The one-rank run is of the same recipe written for GPUs (cluster.gpu), which trains on this
+    CPU-only machine only with --allow-cpu (without it: tests/test_bad_input.py)."""
+    gpu_recipe = tmp_path / "tiny-for-gpus.yaml"
+    gpu_recipe.write_text(TINY.read_text() + "cluster: {gpu: h100-80gb, gpus_per_node: 8}\n")
     proc_a, a, plan_a = _train(tmp_path, "A", "--nproc", "8", "--tp", "2", "--pp", "2", "--dp", "2")
-    proc_b, b, plan_b = _train(tmp_path, "B", "--nproc", "1", "--tp", "1", "--pp", "1", "--dp", "1")
+    proc_b, b, plan_b = _train(tmp_path, "B", "--nproc", "1", "--tp", "1", "--pp", "1", "--dp", "1", "--allow-cpu",
+                               recipe=gpu_recipe)
     assert [r["step"] for r in a] == [1, 2, 3, 4, 5] == [r["step"] for r in b]
     for row in a + b:
         assert {"step", "loss", "grad_norm", "lr", "step_time_s", "tokens_per_s"} <= set(row)

@@ -84,10 +84,23 @@ class Request:
     # A GPU outside the catalogue, or a catalogue GPU as measured (hardware.load_gpu, a GPU file);
     # None: the catalogue entry named by gpu.
     gpu_spec: GPU | None = None
+    # Share of each GPU's memory a plan must leave free (0.1: a plan may use 90%): room for what
+    # the memory model cannot see (another allocator, a profiler, a larger batch later).
+    headroom: float = 0.0
 
     def hardware(self) -> GPU:
         gpu = self.gpu_spec or get_gpu(self.gpu)
         return gpu if self.network_gbps is None else replace(gpu, network_gbps=self.network_gbps)
+
+    def memory_budget(self, gpu: GPU) -> float:
+        """Bytes a plan may use per GPU."""
+        return gpu.memory_bytes * (1 - self.headroom)
+
+    def budget_text(self, gpu: GPU) -> str:
+        if not self.headroom:
+            return f"the {gpu.name}'s {gpu.memory_gib:.0f} GiB"
+        return (f"the {self.memory_budget(gpu) / GIB:.0f} GiB that {self.headroom:.0%} headroom leaves of the "
+                f"{gpu.name}'s {gpu.memory_gib:.0f} GiB")
 
 
 def _divisors(n: int) -> list[int]:
@@ -176,7 +189,7 @@ def _layout_problems(plan: Plan, gpus: int, per_node: int) -> list[str]:
 
 
 def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, result: SearchResult) -> None:
-    m, cap = req.model, gpu.memory_bytes
+    m, cap = req.model, req.memory_budget(gpu)
     reject = lambda reason, need=0.0: result.rejected.append(Rejected(tp, pp, cp, dp, reason, need))
     if req.global_batch % dp:
         return reject(f"global batch {req.global_batch} not divisible by dp {dp}")
@@ -231,7 +244,7 @@ def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, r
     p = detail
     reject(f"needs {mem.total / GIB:.0f} GiB per GPU at TP={tp}, CP={cp}, PP={pp}, DP={dp} at best (ZeRO-{p.zero_stage}, recompute {p.recompute}, "
            f"micro-batch {p.micro_batch}: states {(mem.params + mem.grads + mem.optimizer) / GIB:.0f}, "
-           f"activations {mem.activations / GIB:.0f}), above the {gpu.name}'s {gpu.memory_gib:.0f} GiB",
+           f"activations {mem.activations / GIB:.0f}), above {req.budget_text(gpu)}",
            mem.total)
 
 
@@ -247,7 +260,7 @@ def _first_fit(req, gpu, result, tp, cp, pp, dp, mb, v, zero, recomputes):
         if problems:
             return problems[0]
         mem = plan_memory(plan, req.software)
-        if mem.total > gpu.memory_bytes:
+        if mem.total > req.memory_budget(gpu):
             if smallest is None or mem.total < smallest[0].total:
                 smallest = (mem, plan)
             continue

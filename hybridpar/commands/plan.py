@@ -58,6 +58,8 @@ def add_arguments(p):
     p.add_argument("--network-gbit", type=float,
                    help="scale-out network per GPU and direction, Gbit/s (default: the GPU's catalogue "
                    "node, 400 for H100/H200/H800, 200 for A100)")
+    p.add_argument("--headroom", type=float, default=0.0, metavar="PERCENT",
+                   help="share of each GPU's memory a plan must leave free, in percent (default 0; recipes use 10)")
     p.add_argument("--top", type=int, default=5, help="plans to show (default 5)")
     p.add_argument("--json", action="store_true", help='print {"plans": [...], "rejected": [...]}')
 
@@ -106,6 +108,8 @@ def build_request(args) -> tuple[Request, int]:
         value = getattr(args, key)
         if value is not None and value < 1:
             raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
+    if not 0 <= args.headroom < 100:
+        raise UsageError(f"--headroom is a percentage of GPU memory to leave free, from 0 to below 100; got {args.headroom}")
     if args.network_gbit is not None and not 0 < args.network_gbit < math.inf:
         raise UsageError(f"--network-gbit must be a positive number of Gbit/s per GPU, got {args.network_gbit}")
     software = SOFTWARE[getattr(args, "software", "hybridpar")]
@@ -146,7 +150,8 @@ def build_request(args) -> tuple[Request, int]:
     req = Request(model=model, gpus=args.gpus, global_batch=seqs, seq_len=args.seq_len, gpu=gpu.name, gpu_spec=gpu,
                   gpus_per_node=per_node, precision=args.precision, pins=pins,
                   software=software,
-                  network_gbps=None if args.network_gbit is None else args.network_gbit / 8)
+                  network_gbps=None if args.network_gbit is None else args.network_gbit / 8,
+                  headroom=args.headroom / 100)
     return req, args.top
 
 
@@ -219,6 +224,8 @@ def validation_json() -> dict:
 def render(req: Request, result) -> str:
     gpu = req.hardware()
     network = "" if req.network_gbps is None else f", network {req.network_gbps * 8:g} Gbit/s per GPU"
+    if req.headroom:
+        network += f", {req.headroom:.0%} of memory left free"
     lines = [f"{req.model.name} on {req.gpus} x {gpu.name} ({req.gpus_per_node} per node{network}), seq {req.seq_len}, "
              f"global batch {req.global_batch} seqs = {req.global_batch * req.seq_len:,} tokens, {req.precision}, "
              f"planned for {req.software.label}; "

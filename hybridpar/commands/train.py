@@ -32,6 +32,8 @@ def add_arguments(p):
     p.add_argument("--steps", type=int, help="total optimizer steps of the run")
     p.add_argument("--seed", type=int, help="seed for weights and data")
     p.add_argument("--out", help="run directory for metrics.jsonl and plan.json (default runs/<recipe name>)")
+    p.add_argument("--allow-cpu", action="store_true",
+                   help="train a recipe that names a GPU (cluster.gpu) on CPU ranks (gloo) where there is no CUDA")
     checkpoint_cli.add_arguments(p)
     reliability_cli.add_arguments(p)
     watch_cli.add_arguments(p)
@@ -61,11 +63,25 @@ def prepare(args):
     recipe = with_overrides(recipe, **flags)
     recipe = watch_cli.apply(reliability_cli.apply(recipe, args), args)
     recipe = checkpoint_cli.apply(recipe.validate(_world(args)), args)
+    _refuse_silent_cpu(recipe, args)
     from ..data.preflight import check_data_source
 
     d = recipe.data
     check_data_source(d.source, model_vocab=recipe.model.vocab, path=d.path, tokenizer=d.tokenizer)
     return recipe
+
+
+def _refuse_silent_cpu(recipe, args) -> None:
+    """A recipe written for GPUs must not quietly train on CPU ranks: it would run in another
+    precision, on gloo, orders of magnitude slower, and look like it works."""
+    if not recipe.cluster.gpu or args.allow_cpu:
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise UsageError(f"recipe {args.recipe} is for {recipe.cluster.gpu} GPUs, and this machine has no CUDA "
+                         f"(torch {torch.__version__}); run it on a GPU machine (scripts/setup.sh installs a CUDA torch "
+                         f"there), or pass --allow-cpu to train on CPU ranks anyway")
 
 
 def _quiet_libraries() -> None:
@@ -121,5 +137,5 @@ def run(args) -> int:
 
 def _argv_of(args, out: str) -> list[str]:
     """The ranks' command line: the same recipe and flags, without --nproc."""
-    argv = ["--recipe", args.recipe, *flags_argv(args, OVERRIDES)]
+    argv = ["--recipe", args.recipe, *flags_argv(args, OVERRIDES)] + (["--allow-cpu"] if args.allow_cpu else [])
     return argv + checkpoint_cli.argv(args) + reliability_cli.argv(args) + watch_cli.argv(args) + ["--out", out]
