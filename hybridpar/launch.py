@@ -67,8 +67,16 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def launch_local(nproc: int, argv: list[str]) -> int:
-    """Run ``python -m hybridpar <argv>`` on ``nproc`` local ranks; 0 when every rank succeeded."""
+# Signals the launcher passes on to its ranks (which stop after their step and save, stopping.py)
+# instead of dying of them; SIGUSR1 is what a job script asks SLURM for ahead of a time limit.
+FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
+
+
+def launch_local(nproc: int, argv: list[str], stop_grace_s: int = 600) -> int:
+    """Run ``python -m hybridpar <argv>`` on ``nproc`` local ranks; 0 when every rank succeeded.
+    A signal to this process goes to the ranks, which get ``stop_grace_s`` to finish their step
+    and save before they are killed; then the code is 128 + the signal's number."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -81,10 +89,14 @@ def launch_local(nproc: int, argv: list[str]) -> int:
         run_id=str(uuid.uuid4()),
         max_restarts=0,
         monitor_interval=0.5,
+        signals_to_handle=FORWARDED_SIGNALS,
+        shutdown_timeout=stop_grace_s,
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         elastic_launch(config, sys.executable)("-m", "hybridpar", *argv)
+    except SignalException as err:
+        return 128 + int(err.sigval)
     except ChildFailedError as err:
         print(failure_summary(err.failures, nproc), file=sys.stderr, flush=True)
         first = root_cause(err.failures)[1]

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from topology.layout import NodeMap, RankLayout
 
+from .launch import FORWARDED_SIGNALS
+
 
 # torchrun with a one-line report of a lost head node; the interpreter that has hybridpar.
 AGENT = "${PYTHON:-python3} -m hybridpar.node_agent"
@@ -31,6 +33,7 @@ class LaunchSpec:
     rdzv_port: int = 29500
     job_id: str = "hybridpar"
     extra_args: tuple[str, ...] = ()
+    stop_grace_s: int = 600  # how long an agent lets its ranks finish a step and save after a signal
 
     def train_command(self) -> list[str]:
         return ["-m", "hybridpar", "train", "--recipe", self.recipe, *self.extra_args]
@@ -43,6 +46,10 @@ class LaunchSpec:
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={host or self.rdzv_host}:{self.rdzv_port}",
             f"--rdzv-id={rdzv_id or self.job_id}",
+            # A signal (SLURM's at a time limit, preemption) goes on to the ranks, which finish
+            # their step and save (hybridpar/stopping.py) within the grace, instead of killing them.
+            f"--signals-to-handle={FORWARDED_SIGNALS}",
+            f"--shutdown-timeout={self.stop_grace_s}",
             *self.train_command(),
         ]
         # Keep shell variables ($HEAD_NODE, $SLURM_JOB_ID) expandable; quote everything else.
@@ -84,26 +91,66 @@ def node_commands(spec: LaunchSpec) -> str:
     return "\n".join(lines) + "\n"
 
 
-def sbatch_script(spec: LaunchSpec, partition: str | None = None, time_limit: str = "48:00:00") -> str:
+@dataclass(frozen=True)
+class SlurmOptions:
+    run_dir: str  # the run's --out: every requeued attempt continues it (--resume auto)
+    workdir: str  # where the job changes to: the project, so relative recipe and data paths hold
+    venv: str | None = None  # a virtualenv to activate (its bin/activate), or None
+    partition: str | None = None
+    time_limit: str = "48:00:00"
+    cpus_per_task: int = 64  # the node's cores for its one task (the agent and its ranks)
+    signal_lead_s: int = 300  # SIGUSR1 this long before the limit: time to finish a step and save
+
+
+NCCL_SETTINGS = """\
+# NCCL and network settings: uncomment what your cluster needs (defaults are usually right).
+# export NCCL_DEBUG=WARN                 # INFO names the transport (IB, sockets) each ring uses
+# export NCCL_SOCKET_IFNAME=^lo,docker0  # the interface for NCCL's bootstrap and socket transport
+# export NCCL_IB_HCA=mlx5               # which InfiniBand adapters to use
+# export NCCL_NET_GDR_LEVEL=PHB          # GPUDirect RDMA up to the PCIe host bridge
+# export NCCL_IB_TIMEOUT=22              # fewer spurious IB timeouts on large clusters
+# export NCCL_ASYNC_ERROR_HANDLING=1     # a failed collective ends the job instead of hanging it"""
+
+
+def sbatch_script(spec: LaunchSpec, options: SlurmOptions) -> str:
     header = [
         "#!/bin/bash",
         f"#SBATCH --job-name={spec.job_id}",
         f"#SBATCH --nodes={spec.nodes}",
         "#SBATCH --ntasks-per-node=1",
         f"#SBATCH --gpus-per-node={spec.gpus_per_node}",
+        f"#SBATCH --cpus-per-task={options.cpus_per_task}",
         "#SBATCH --exclusive",
-        f"#SBATCH --time={time_limit}",
+        f"#SBATCH --time={options.time_limit}",
+        # SIGUSR1 to every process of the job step ahead of the limit: the ranks save and stop.
+        f"#SBATCH --signal=USR1@{options.signal_lead_s}",
+        "#SBATCH --requeue",
+        "#SBATCH --open-mode=append",
         "#SBATCH --output=%x-%j.out",
     ]
-    if partition:
-        header.append(f"#SBATCH --partition={partition}")
+    if options.partition:
+        header.append(f"#SBATCH --partition={options.partition}")
+    run_dir = shlex.quote(options.run_dir)
+    resumable = LaunchSpec(**{**spec.__dict__, "extra_args": (*spec.extra_args, "--resume", "auto", "--out", options.run_dir)})
     body = [
         "set -euo pipefail",
+        f"cd {shlex.quote(options.workdir)}",
+        *([f"source {shlex.quote(options.venv)}/bin/activate"] if options.venv else []),
         'HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         "export HEAD_NODE",
         *gpu_env_exports(),
+        NCCL_SETTINGS,
         "# One agent (torchrun, via hybridpar.node_agent) per node; each starts gpus-per-node ranks.",
-        "srun --kill-on-bad-exit=1 " + spec.torchrun_command(rdzv_id="$SLURM_JOB_ID"),
+        "# Every attempt continues the run: --resume auto starts fresh only when there is no checkpoint yet.",
+        "rc=0",
+        "srun --kill-on-bad-exit=1 " + resumable.torchrun_command(rdzv_id="$SLURM_JOB_ID") + " || rc=$?",
+        "# Stopped by a signal or a time limit after saving (status.json says so): queue the job again.",
+        f"if grep -q '\"status\": \"stopped\"' {run_dir}/status.json 2>/dev/null; then",
+        '    echo "hybridpar: stopped early; requeueing job $SLURM_JOB_ID to resume"',
+        '    scontrol requeue "$SLURM_JOB_ID"',
+        "    exit 0",
+        "fi",
+        "exit $rc",
     ]
     return "\n".join(header + [""] + body) + "\n"
 

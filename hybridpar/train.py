@@ -33,6 +33,8 @@ from .grad_sync import DEFAULT_BUCKET_NUMEL
 from .mesh import Mesh
 from .model import ModelOptions, build_model, canonical_params, full_from_shards
 from .pipeline import finalize_model_parallel_grads, forward_backward, micro_batches, model_parallel_summed_params
+from .run_dir import keep_steps_before
+from .stopping import STOP_REASONS, StopReason
 
 
 @dataclass
@@ -43,6 +45,7 @@ class StepMetrics:
     lr: float
     step_time_s: float
     tokens_per_s: float
+    stop: int = 0  # the reason every rank agreed to stop after this step (stopping.py), 0: none
 
 
 def resolve_dtype(precision: str) -> torch.dtype:
@@ -93,7 +96,9 @@ class Job:
     def replica_batches(self, step: int) -> list[torch.Tensor]:
         return micro_batches(self.batches.rows(step), self.plan.micro_batch)
 
-    def train_step(self, step: int) -> StepMetrics:
+    def train_step(self, step: int, stop=None) -> StepMetrics:
+        """One optimizer step. ``stop`` (stopping.StopConditions): this rank's reason to stop, read
+        as the step ends and agreed over the world in the step's loss all-reduce."""
         start = time.perf_counter()
         lr = lr_at(step, self.optim, self.plan.global_batch)
         loss = forward_backward(self._chunks, self.mesh, self.replica_batches(step), self.plan.seq_len)
@@ -101,22 +106,28 @@ class Job:
         finalize_model_parallel_grads(self._chunks, self.mesh, self.tied, self.sequence_parallel)
         norm = self.engine.step(lr)
         self.engine.zero_grad()
-        mean_loss = self._global_loss(loss)
+        mean_loss, agreed = self._global_loss_and_stop(loss, stop.local_code(step) if stop else 0)
         elapsed = time.perf_counter() - start
         tokens = self.plan.global_batch * self.plan.seq_len
-        return StepMetrics(step, mean_loss, norm, lr, elapsed, tokens / elapsed if elapsed > 0 else 0.0)
+        return StepMetrics(step, mean_loss, norm, lr, elapsed, tokens / elapsed if elapsed > 0 else 0.0, agreed)
 
-    def _global_loss(self, replica_loss) -> float:
-        """Mean loss over the global batch, on every rank: one scalar all-reduce over the world.
+    def _global_loss_and_stop(self, replica_loss, stop_code: int) -> tuple[float, int]:
+        """Mean loss over the global batch and the stop reason the ranks agree on, on every rank:
+        one small all-reduce over the world.
 
         Only the last stage of each replica holds its loss; every TP (x CP) rank there holds
-        the same value, so the world sum counts each replica tp x cp times."""
-        value = torch.zeros(1, dtype=torch.float64, device=self.mesh.device)
+        the same value, so the world sum counts each replica tp x cp times. Each rank adds a 1
+        at its stop reason's slot: the first slot (in ``STOP_REASONS`` order) any rank marked wins."""
+        value = torch.zeros(1 + len(STOP_REASONS), dtype=torch.float64, device=self.mesh.device)
         if replica_loss is not None:
-            value += float(replica_loss)
+            value[0] += float(replica_loss)
+        if stop_code:
+            value[1 + STOP_REASONS.index(stop_code)] = 1.0
         if dist.get_world_size() > 1:
             dist.all_reduce(value)
-        return float(value) / (self.plan.dp * self.plan.tp * self.plan.cp)
+        marked = value[1:].tolist()
+        agreed = next((code for code, n in zip(STOP_REASONS, marked) if n > 0), 0)
+        return float(value[0]) / (self.plan.dp * self.plan.tp * self.plan.cp), agreed
 
     # --- inspection -------------------------------------------------------------------
     def full_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor]:
@@ -180,8 +191,16 @@ def format_step(m: StepMetrics, total: int) -> str:
     )
 
 
-def train(recipe, out_dir: str | None, hooks=(), print_fn=print) -> list[StepMetrics]:
-    """Train ``recipe`` (a hybridpar.recipe.Recipe) on the already-initialised process group."""
+@dataclass
+class TrainOutcome:
+    history: list  # StepMetrics of the steps this run trained
+    stopped: StopReason | None = None  # set when the run stopped before its last step
+
+
+def train(recipe, out_dir: str | None, hooks=(), print_fn=print, stop=None) -> TrainOutcome:
+    """Train ``recipe`` (a hybridpar.recipe.Recipe) on the already-initialised process group.
+    ``stop`` (stopping.StopConditions) may end the run after any step; the hooks' ``on_stop``
+    (the checkpointer: save that step) run first."""
     plan = recipe.to_plan()
     source = recipe.data.build(seq_len=plan.seq_len, global_batch=plan.global_batch, vocab=plan.model.vocab, seed=recipe.train.seed)
     job = Job(plan, recipe.optim_config(), source, seed=recipe.train.seed,
@@ -196,14 +215,16 @@ def train(recipe, out_dir: str | None, hooks=(), print_fn=print) -> list[StepMet
         os.makedirs(out_dir, exist_ok=True)
         write_atomic(os.path.join(out_dir, "plan.json"), plan.to_json() + "\n")
         metrics_path = os.path.join(out_dir, "metrics.jsonl")
-    history = []
+        keep_steps_before(metrics_path, first)  # a resumed run writes the later steps again
+    outcome = TrainOutcome([])
     for step in range(first, recipe.train.steps + 1):
         for hook in hooks:
             if hasattr(hook, "on_step_begin"):
                 hook.on_step_begin(job, step)
-        m = job.train_step(step)
-        history.append(m)
+        m = job.train_step(step, stop)
+        outcome.history.append(m)
         record, line = asdict(m), format_step(m, recipe.train.steps)
+        record.pop("stop")
         for hook in hooks:
             if hasattr(hook, "step_record"):  # extra metrics.jsonl keys and step-line text (metrics.StepMonitor)
                 extra, text = hook.step_record(job, m)
@@ -216,5 +237,13 @@ def train(recipe, out_dir: str | None, hooks=(), print_fn=print) -> list[StepMet
         for hook in hooks:
             if hasattr(hook, "on_step"):
                 hook.on_step(job, m)
+        if stop is not None:
+            stop.observe(step_s=m.step_time_s)
+        if m.stop and step < recipe.train.steps:
+            outcome.stopped = StopReason(m.stop, step)
+            for hook in hooks:
+                if hasattr(hook, "on_stop"):
+                    hook.on_stop(job, m)
+            break
     job.close()
-    return history
+    return outcome

@@ -148,7 +148,7 @@ def test_cli_bf16_zero0_saves_and_resumes_exactly(tmp_path):
     recipe.write_text(RECIPE)
     _hybridpar("--recipe", str(recipe), "--nproc", "2", "--save-every", "2", "--save-dir", str(tmp_path / "ckpt"),
                "--out", str(tmp_path / "run1"))
-    assert sorted(os.listdir(tmp_path / "ckpt")) == ["latest", "step-000002", "step-000004"]
+    assert sorted(n for n in os.listdir(tmp_path / "ckpt") if not n.startswith('.')) == ["latest", "step-000002", "step-000004"]
     second = _hybridpar("--recipe", str(recipe), "--nproc", "2", "--resume", str(tmp_path / "ckpt" / "step-000002"),
                         "--out", str(tmp_path / "run2"))
     assert "resuming from" in second.stdout

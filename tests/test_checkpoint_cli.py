@@ -55,7 +55,7 @@ def runs(tmp_path_factory):
 def test_first_run_saves_every_n_and_at_the_end(runs):
     base, _, straight, _ = runs
     assert [m["step"] for m in straight] == [1, 2, 3, 4, 5, 6]
-    assert sorted(os.listdir(base / "ckpt")) == ["latest", "step-000004", "step-000006"]
+    assert sorted(n for n in os.listdir(base / "ckpt") if not n.startswith('.')) == ["latest", "step-000004", "step-000006"]
     assert (base / "ckpt" / "latest").read_text().strip() == "step-000006"
     assert json.loads((base / "ckpt" / "step-000004" / "recipe.json").read_text())["name"] == "ckpt-cli"
 
@@ -68,7 +68,7 @@ def test_resume_trains_the_remaining_steps_and_appends_them(runs):
     for got, want in zip(resumed[4:], straight[4:]):
         assert abs(got["loss"] - want["loss"]) <= 1e-5, (got, want)
         assert got["lr"] == want["lr"]
-    assert sorted(os.listdir(base / "ckpt2")) == ["latest", "step-000006"]
+    assert sorted(n for n in os.listdir(base / "ckpt2") if not n.startswith('.')) == ["latest", "step-000006"]
 
 
 def test_bad_resume_input_is_one_line_exit_2_before_any_process_group(runs, tmp_path, capsys, no_ranks_may_start):
@@ -97,6 +97,14 @@ def test_bad_resume_input_is_one_line_exit_2_before_any_process_group(runs, tmp_
         (train + ["--save-every", "-1"], ["--save-every must be >= 0"]),
         (train + ["--resume", str(damaged)], ["rank-00001.pt", "sha256"]),
         (train + ["--resume", str(truncated)], ["rank-00000.pt has 100 bytes", "truncated"]),
+        # resuming with settings that would silently change the run
+        (train + ["--resume", str(base / "ckpt" / "step-000004"), "--steps", "8"],
+         ["trained with total steps 6, this run has 8 (--steps)", "--allow-changes"]),
+        (train + ["--resume", str(base / "ckpt" / "step-000004"), "--seed", "3"], ["seed 0", "--allow-changes"]),
+        # a fresh run into the first run's directories
+        (train + ["--out", str(base / "run1"), "--save-dir", str(base / "ckpt")],
+         ["already holds a run", "--resume auto", "--overwrite"]),
+        (train + ["--resume", "auto", "--overwrite"], ["give one of them"]),
     ]
     for argv, fragments in cases:
         code = main(argv)

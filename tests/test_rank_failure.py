@@ -83,17 +83,17 @@ def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("rank_failure")
     ckpt = base / "ckpt"
     a = train(base / "A", "kill-in-save:rank=5:step=4", "--save-dir", str(ckpt))
-    after_a = sorted(os.listdir(ckpt))
-    partial = [sorted(os.listdir(ckpt / n)) for n in after_a if ".tmp-" in n]
+    after_a = sorted(n for n in os.listdir(ckpt) if not n.startswith('.'))
+    partial = [sorted(os.listdir(ckpt / d)) for d in after_a if ".tmp-" in d]
     latest_a = (ckpt / "latest").read_text().strip()
     from hybridpar.checkpoint import resolve
 
     resolved_a = resolve(str(ckpt))
     b = train(base / "B", "flip:rank=6:step=5;kill-in-step:rank=5:step=6", "--save-dir", str(ckpt), "--resume", str(ckpt),
               "--check-replicas", "1", "--on-drift", "warn")
-    after_b = sorted(os.listdir(ckpt)), (ckpt / "latest").read_text().strip()
+    after_b = sorted(n for n in os.listdir(ckpt) if not n.startswith('.')), (ckpt / "latest").read_text().strip()
     c = train(base / "C", "flip:rank=6:step=6", "--save-dir", str(ckpt), "--resume", str(ckpt), "--check-replicas", "2")
-    return {"ckpt": ckpt, "A": a, "B": b, "C": c, "after_a": after_a, "partial": partial, "latest_a": latest_a, "resolved_a": resolved_a, "after_b": after_b, "after_c": sorted(os.listdir(ckpt))}
+    return {"ckpt": ckpt, "A": a, "B": b, "C": c, "after_a": after_a, "partial": partial, "latest_a": latest_a, "resolved_a": resolved_a, "after_b": after_b, "after_c": sorted(n for n in os.listdir(ckpt) if not n.startswith('.'))}
 
 
 def test_killed_while_saving_keeps_the_previous_checkpoint(runs):

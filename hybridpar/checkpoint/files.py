@@ -25,7 +25,7 @@ FORMAT = "hybridpar-checkpoint"
 VERSION = 1
 MANIFEST = "manifest.json"
 LATEST = "latest"
-_STEP_DIR = re.compile(r"^step-(\d{6,})$")
+STEP_DIR = re.compile(r"^step-(\d{6,})$")
 _PARTIAL_DIR = re.compile(r"^step-\d{6,}\.(tmp|old)-[0-9a-zA-Z]+$")
 
 
@@ -159,7 +159,7 @@ def complete_steps(save_dir: str) -> list[int]:
     """Steps of the complete checkpoints in ``save_dir`` (renamed dirs with a manifest), ascending."""
     steps = []
     for name in os.listdir(save_dir):
-        m = _STEP_DIR.match(name)
+        m = STEP_DIR.match(name)
         if m and os.path.isfile(os.path.join(save_dir, name, MANIFEST)):
             steps.append(int(m.group(1)))
     return sorted(steps)
@@ -176,7 +176,7 @@ def resolve(path: str) -> str:
     if os.path.isfile(pointer):
         with open(pointer) as f:
             name = f.read().strip()
-        if _STEP_DIR.match(name) and os.path.isfile(os.path.join(path, name, MANIFEST)):
+        if STEP_DIR.match(name) and os.path.isfile(os.path.join(path, name, MANIFEST)):
             return os.path.join(path, name)
     steps = complete_steps(path)
     if not steps:

@@ -1,6 +1,7 @@
-"""The training-loop hook: resume at start, save every N steps and after the last step."""
+"""The training-loop hook: resume at start, save every N steps, after the last step, and at an early stop."""
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -19,9 +20,11 @@ class CheckpointConfig:
 class Checkpointer:
     """``train(..., hooks=[Checkpointer(config, last_step, recipe)])``."""
 
-    def __init__(self, config: CheckpointConfig, last_step: int, recipe=None, print_fn=print):
+    def __init__(self, config: CheckpointConfig, last_step: int, recipe=None, print_fn=print, stop=None):
         self.config, self.last_step, self.recipe, self.print_fn = config, last_step, recipe, print_fn
+        self.stop = stop  # stopping.StopConditions: learns how long a save takes (--exit-after)
         self.saved: list[str] = []
+        self.saved_step: int | None = None
         self.resumed_step: int | None = None
 
     def on_start(self, job, first_step: int) -> int:
@@ -38,9 +41,18 @@ class Checkpointer:
         if self.due(metrics.step):
             self.save(job, metrics.step)
 
+    def on_stop(self, job, metrics) -> None:
+        """The run stops early after this step: save it, unless that was just done."""
+        if self.config.save_dir and self.saved_step != metrics.step:
+            self.save(job, metrics.step)
+
     def save(self, job, step: int) -> str:
+        start = time.monotonic()
         path = save_checkpoint(job, self.config.save_dir, step, recipe=self.recipe, keep_last=self.config.keep_last)
+        if self.stop is not None:
+            self.stop.observe(save_s=time.monotonic() - start)
         self.saved.append(path)
+        self.saved_step = step
         import torch.distributed as dist
 
         if dist.get_rank() == 0 and self.print_fn:

@@ -1,21 +1,72 @@
-"""Checks on ``--resume DIR`` that need no process group (run before any rank starts)."""
+"""Checks on ``--resume`` that need no process group (run before any rank starts).
+
+A step directory given explicitly must be usable. A save directory resumes from the checkpoint
+that ``latest`` names when it is usable; otherwise from the newest usable one, and every newer
+checkpoint passed over is reported (``Found.skipped``) so the caller can say what it costs.
+"""
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass, field
+
 from .compat import check_compatible
-from .files import read_manifest, resolve, verify
+from .files import LATEST, MANIFEST, CheckpointError, Manifest, read_manifest, step_dir_name, verify, STEP_DIR
 
 # Up to this size the pre-launch check also verifies checksums (a few seconds of reading);
 # above it the ranks verify them while loading, each file once, spread over all ranks.
 CHECKSUM_BYTES = 2 << 30
 
 
-def inspect_resume(path: str, plan) -> tuple[str, int]:
-    """The step dir and step that ``path`` resumes from; CheckpointError when it is missing,
-    incomplete, damaged (a file missing, of the wrong size, or failing its checksum) or of
-    another model."""
-    step_dir = resolve(path)
+@dataclass(frozen=True)
+class Skipped:
+    path: str
+    step: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Found:
+    step_dir: str
+    manifest: Manifest
+    skipped: list = field(default_factory=list)  # newer, unusable checkpoints, newest first
+
+
+def _usable(step_dir: str, plan) -> Manifest:
     manifest = read_manifest(step_dir)
     check_compatible(manifest, plan, step_dir)
     total = sum(rec["bytes"] for rec in manifest.files.values())
     verify(step_dir, manifest, checksum=total <= CHECKSUM_BYTES)
-    return step_dir, manifest.step
+    return manifest
+
+
+def _candidates(save_dir: str) -> list[tuple[int, str]]:
+    """(step, directory) of every step-NNNNNN in ``save_dir`` and of the one ``latest`` names, newest first."""
+    steps = {int(m.group(1)) for m in map(STEP_DIR.match, os.listdir(save_dir)) if m}
+    pointer = os.path.join(save_dir, LATEST)
+    if os.path.isfile(pointer):
+        with open(pointer) as f:
+            m = STEP_DIR.match(f.read().strip())
+        if m and os.path.isdir(os.path.join(save_dir, m.group(0))):
+            steps.add(int(m.group(1)))
+    return [(s, os.path.join(save_dir, step_dir_name(s))) for s in sorted(steps, reverse=True)]
+
+
+def inspect_resume(path: str, plan) -> Found:
+    """The checkpoint that ``path`` resumes from; CheckpointError when there is none that is
+    complete and intact (a file missing, of the wrong size, or failing its checksum) or it is of
+    another model."""
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    if os.path.isfile(os.path.join(path, MANIFEST)) or STEP_DIR.match(os.path.basename(os.path.normpath(path))):
+        return Found(path, _usable(path, plan))
+    skipped = []
+    for step, step_dir in _candidates(path):
+        try:
+            return Found(step_dir, _usable(step_dir, plan), skipped)
+        except CheckpointError as err:
+            if "of another model" in str(err):
+                raise
+            skipped.append(Skipped(step_dir, step, str(err)))
+    if skipped:
+        raise CheckpointError(f"no usable checkpoint in {path}: the newest, {skipped[0].path}, is unusable: {skipped[0].reason}")
+    raise CheckpointError(f"no complete checkpoint in {path} (no step-NNNNNN/{MANIFEST}, no valid '{LATEST}')")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -19,6 +20,9 @@ def add_arguments(p):
     p.add_argument("--slurm", action="store_true", help="also write an sbatch script")
     p.add_argument("--partition", help="SLURM partition (with --slurm)")
     p.add_argument("--time", default="48:00:00", help="SLURM time limit (with --slurm)")
+    p.add_argument("--cpus-per-task", type=int, default=64, help="CPU cores of each node's one task (with --slurm)")
+    p.add_argument("--venv", help="virtualenv the job activates (with --slurm; default: the one running this command)")
+    p.add_argument("--run-dir", help="the run's --out, continued by every requeued attempt (default: runs/<recipe name>)")
     p.add_argument("--port", type=int, default=29500, help="rendezvous port on the head node")
     p.add_argument("--out", help="directory for the files (default: launch/<recipe name>)")
     p.add_argument("train_args", nargs="*", help="extra `hybridpar train` flags, after --")
@@ -33,7 +37,7 @@ def _write_atomic(path: Path, text: str, executable: bool = False) -> None:
 
 
 def run(args) -> int:
-    from ..launch_scripts import LaunchSpec, node_commands, sbatch_script
+    from ..launch_scripts import LaunchSpec, SlurmOptions, node_commands, sbatch_script
     from ..recipe import load_recipe
 
     if args.nodes < 1:
@@ -44,6 +48,8 @@ def run(args) -> int:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
     if args.partition and not args.slurm:
         raise UsageError("--partition only applies with --slurm")
+    if args.cpus_per_task < 1:
+        raise UsageError(f"--cpus-per-task must be a positive integer, got {args.cpus_per_task}")
     recipe = load_recipe(args.recipe)
     gpus_per_node = args.gpus_per_node or recipe.cluster.gpus_per_node
     world = args.nodes * gpus_per_node
@@ -63,7 +69,11 @@ def run(args) -> int:
     _write_atomic(written[0], "#!/usr/bin/env bash\n" + node_commands(spec), executable=True)
     if args.slurm:
         written.append(out / "job.sbatch")
-        _write_atomic(written[1], sbatch_script(spec, args.partition, args.time))
+        venv = args.venv or (sys.prefix if sys.prefix != sys.base_prefix else None)
+        options = SlurmOptions(run_dir=os.path.abspath(args.run_dir or os.path.join("runs", recipe.name)),
+                               workdir=os.getcwd(), venv=venv and os.path.abspath(venv), partition=args.partition,
+                               time_limit=args.time, cpus_per_task=args.cpus_per_task)
+        _write_atomic(written[1], sbatch_script(spec, options))
     print(node_commands(spec), end="")
     print("\nwrote " + ", ".join(map(str, written)))
     return 0
