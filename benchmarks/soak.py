@@ -1,14 +1,16 @@
-"""Soak: tiny recipe on 8 CPU ranks, checkpoints every 50 steps, a rank SIGKILLed and the job resumed every 200.
+"""Soak: tiny recipe on 8 CPU ranks, checkpoints every 50 steps, a rank SIGKILLed or the job SIGTERMed, and resumed, every 200.
 
     .venv/bin/python -m benchmarks.soak [--steps 1000] [--save-every 50] [--kill-every 200] [--nproc 8]
     .venv/bin/hybridpar bench soak --steps 400 --kill-every 100      # a shorter configuration
 
 Two runs of the same recipe and --steps: an uninterrupted reference, and the soak run, which is
-launched in segments. Each segment but the last gets one fault through HYBRIDPAR_FAULT
-(hybridpar/faults.py): alternately a rank SIGKILLed in the middle of a step (after the forward
-of a micro-batch) and a rank SIGKILLed while the checkpoint is being written; the next segment
-resumes from the save directory (its latest complete checkpoint). Checks: no segment hangs
-(each has a wall-clock limit), every failed segment names the killed rank, no step is lost
+launched in segments. Each segment but the last ends with one fault, in turn: a rank SIGKILLed
+in the middle of a step (after the forward of a micro-batch, through HYBRIDPAR_FAULT,
+hybridpar/faults.py), a rank SIGKILLed while the checkpoint is being written (in the background),
+and SIGTERM to the launcher as a cluster's preemption sends it (the ranks save that step and stop,
+exit 143); the next segment resumes with --resume auto (the latest complete checkpoint). Checks:
+no segment hangs (each has a wall-clock limit), every killed segment names the killed rank, every
+SIGTERMed one stops cleanly with exit 143, no step is lost
 (steps 1..N all trained), a step trained twice gives the same loss both times, and every loss,
 the final one included, equals the uninterrupted run's. Writes benchmarks/results/soak.json.
 """
@@ -18,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -50,16 +53,32 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
 
 
+SIGTERM_AT = "sigterm-at-step"  # not an injected fault: the soak sends SIGTERM to the launcher itself
+
+
+def _sigterm_when(proc: subprocess.Popen, run_dir: Path, step: int, limit_s: float) -> None:
+    """SIGTERM to the launcher once ``step`` is in the run's metrics (a cluster's preemption)."""
+    deadline = time.time() + limit_s
+    while time.time() < deadline and proc.poll() is None:
+        if max(_losses(run_dir), default=0) >= step:
+            proc.send_signal(signal.SIGTERM)
+            return
+        time.sleep(0.05)
+
+
 def launch(args, run_dir: Path, fault: str | None, resume: bool, steps_left: int) -> dict:
     cmd = [sys.executable, "-m", "hybridpar", "train", "--recipe", str(TINY), "--nproc", str(args.nproc),
            "--steps", str(args.steps), "--timeout-s", str(args.timeout_s), "--out", str(run_dir)]
     if args.save_dir:
         cmd += ["--save-dir", args.save_dir, "--save-every", str(args.save_every)]
         if resume:
-            cmd += ["--resume", args.save_dir]
+            cmd += ["--resume", "auto"]
     limit = LAUNCH_S + STEP_S * steps_left
     start = time.time()
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(fault), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    injected = fault if fault and not fault.startswith(SIGTERM_AT) else None
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(injected), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if fault and fault.startswith(SIGTERM_AT):
+        _sigterm_when(proc, run_dir, int(fault.split("=")[1]), limit)
     try:
         out, err = proc.communicate(timeout=limit)
         rc, hung = proc.returncode, False
@@ -75,6 +94,8 @@ def launch(args, run_dir: Path, fault: str | None, resume: bool, steps_left: int
               "steps": sorted(_losses(run_dir))}
     resumed = re.search(r"resuming from \S+ \(step (\d+)", out)
     record["resumed_from"] = int(resumed.group(1)) if resumed else None
+    stopped = [l for l in err.splitlines() if l.startswith("hybridpar train: stopped at step")]
+    record["stopped"] = stopped[0] if stopped else None
     kill = re.search(r"SIGKILL to pid (\d+) \(at unix time ([0-9.]+)\)", err)
     if kill:
         record["fail_fast_s"] = round(ended - float(kill.group(2)), 2)
@@ -94,14 +115,16 @@ def _kill_tree(pid: int) -> None:
             pass
 
 
-def fault_for(i: int, args) -> tuple[str, int, int]:
-    """The i-th fault (i = 1, 2, ...): (HYBRIDPAR_FAULT value, step, rank)."""
+def fault_for(i: int, args) -> tuple[str, int, int | None]:
+    """The i-th fault (i = 1, 2, ...): (HYBRIDPAR_FAULT value or the SIGTERM marker, step, rank)."""
     rank = (3 * i + 2) % args.nproc
-    if i % 2:  # mid-step, somewhere between two checkpoints
-        step = i * args.kill_every + 1 + (17 * i) % max(args.save_every - 1, 1)
-        return f"kill-in-step:rank={rank}:step={step}:micro={1 + i % 2}", step, rank
-    step = i * args.kill_every  # a multiple of save_every: killed while writing that checkpoint
-    return f"kill-in-save:rank={rank}:step={step}", step, rank
+    off_checkpoint = i * args.kill_every + 1 + (17 * i) % max(args.save_every - 1, 1)
+    if i % 3 == 1:  # mid-step, somewhere between two checkpoints
+        return f"kill-in-step:rank={rank}:step={off_checkpoint}:micro={1 + i % 2}", off_checkpoint, rank
+    if i % 3 == 2:  # a multiple of save_every: killed while writing that checkpoint
+        step = i * args.kill_every
+        return f"kill-in-save:rank={rank}:step={step}", step, rank
+    return f"{SIGTERM_AT}={off_checkpoint}", off_checkpoint, None  # preempted between two checkpoints
 
 
 def soak(args, work: Path) -> dict:
@@ -131,7 +154,10 @@ def check(args, segments: list[dict], work: Path, reference: dict[int, float]) -
     if any(s["hung"] for s in segments):
         problems.append("a segment hung")
     for s in segments[:-1]:
-        if not s.get("summary") or f"rank {s['kill_rank']} " not in s["summary"] or s["exit_code"] in (0, None):
+        if s["kill_rank"] is None:  # SIGTERMed: a clean stop that saved its step
+            if s["exit_code"] != 143 or not s.get("stopped") or "by SIGTERM; saved" not in s["stopped"]:
+                problems.append(f"segment with {s['fault']} did not stop cleanly (exit {s['exit_code']}): {s.get('stopped')}")
+        elif not s.get("summary") or f"rank {s['kill_rank']} " not in s["summary"] or s["exit_code"] in (0, None):
             problems.append(f"segment with {s['fault']} did not fail naming rank {s['kill_rank']}: {s.get('summary')}")
     if segments[-1]["exit_code"] != 0:
         problems.append(f"the last segment exited {segments[-1]['exit_code']}")

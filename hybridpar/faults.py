@@ -10,6 +10,8 @@ The variable holds faults separated by ``;``, each ``KIND:key=value:key=value``:
 - ``kill-in-save:rank=R:step=K``: rank R sends itself SIGKILL while the checkpoint of step K is
   being written, right after its own shard file is written and fsync'd (other ranks may still
   be writing theirs: the save is never committed);
+- ``fail-in-save:rank=R:step=K``: rank R's write of its checkpoint file for step K fails with an
+  OSError ("injected: no space left on device"), as a full disk would;
 - ``flip:rank=R:step=K[:tensor=NAME][:byte=B][:bit=b]``: after step K, rank R flips one bit of
   one parameter in place (default: the first parameter, byte 0, bit 0), as silent data
   corruption would. Put the hook before the replica check so that step K's check sees it.
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from .errors import UsageError
 
 ENV = "HYBRIDPAR_FAULT"
-KINDS = ("kill-in-step", "kill-in-save", "flip")
+KINDS = ("kill-in-step", "kill-in-save", "fail-in-save", "flip")
 
 
 @dataclass(frozen=True)
@@ -119,6 +121,28 @@ class KillInSave:
         return first_step
 
 
+class FailInSave:
+    """Its write of the checkpoint file of step K fails (a full disk)."""
+
+    def __init__(self, fault: Fault):
+        self.fault = fault
+
+    def on_start(self, job, first_step):
+        if _rank() == self.fault.rank:
+            from .checkpoint import save
+
+            original = save.write_tensors
+
+            def fail(path, obj):
+                if obj.get("header", {}).get("step") == self.fault.step:
+                    _announce(f"checkpoint of step {self.fault.step}: failing the write of {path}")
+                    raise OSError(28, "injected: no space left on device")
+                return original(path, obj)
+
+            save.write_tensors = fail
+        return first_step
+
+
 class FlipBit:
     """Flips one bit of one parameter after step K (silent corruption of one replica)."""
 
@@ -143,7 +167,7 @@ class FlipBit:
         _announce(f"flipped bit {bit} of byte {byte} of {name} after step {metrics.step}")
 
 
-_HOOKS = {"kill-in-step": KillInStep, "kill-in-save": KillInSave, "flip": FlipBit}
+_HOOKS = {"kill-in-step": KillInStep, "kill-in-save": KillInSave, "fail-in-save": FailInSave, "flip": FlipBit}
 
 
 def hooks_from_env(environ=os.environ) -> list:

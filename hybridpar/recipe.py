@@ -114,6 +114,7 @@ class CheckpointSection:
     save: bool = False
     save_every: int = 0  # 0: only after the last step (and at an early stop)
     keep_last: int = 0  # 0: keep every checkpoint
+    async_save: bool = True  # periodic saves written in the background while training goes on
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ class StepMetrics:
     step_time_s: float
     tokens_per_s: float
     stop: int = 0  # the reason every rank agreed to stop after this step (stopping.py), 0: none
+    saves_written: bool = False  # every rank's background checkpoint file is written (checkpoint/hook.py)
 
 
 def resolve_dtype(precision: str) -> torch.dtype:
@@ -96,9 +97,10 @@ class Job:
     def replica_batches(self, step: int) -> list[torch.Tensor]:
         return micro_batches(self.batches.rows(step), self.plan.micro_batch)
 
-    def train_step(self, step: int, stop=None) -> StepMetrics:
+    def train_step(self, step: int, stop=None, save_written: bool | None = None) -> StepMetrics:
         """One optimizer step. ``stop`` (stopping.StopConditions): this rank's reason to stop, read
-        as the step ends and agreed over the world in the step's loss all-reduce."""
+        as the step ends and agreed over the world in the step's loss all-reduce; so is
+        ``save_written`` (this rank's background checkpoint file is on disk; None: none pending)."""
         start = time.perf_counter()
         lr = lr_at(step, self.optim, self.plan.global_batch)
         loss = forward_backward(self._chunks, self.mesh, self.replica_batches(step), self.plan.seq_len)
@@ -106,28 +108,33 @@ class Job:
         finalize_model_parallel_grads(self._chunks, self.mesh, self.tied, self.sequence_parallel)
         norm = self.engine.step(lr)
         self.engine.zero_grad()
-        mean_loss, agreed = self._global_loss_and_stop(loss, stop.local_code(step) if stop else 0)
+        mean_loss, agreed, written = self._global_loss_and_agreements(
+            loss, stop.local_code(step) if stop else 0, save_written)
         elapsed = time.perf_counter() - start
         tokens = self.plan.global_batch * self.plan.seq_len
-        return StepMetrics(step, mean_loss, norm, lr, elapsed, tokens / elapsed if elapsed > 0 else 0.0, agreed)
+        return StepMetrics(step, mean_loss, norm, lr, elapsed, tokens / elapsed if elapsed > 0 else 0.0, agreed, written)
 
-    def _global_loss_and_stop(self, replica_loss, stop_code: int) -> tuple[float, int]:
-        """Mean loss over the global batch and the stop reason the ranks agree on, on every rank:
-        one small all-reduce over the world.
+    def _global_loss_and_agreements(self, replica_loss, stop_code: int, save_written: bool | None):
+        """(mean loss over the global batch, the stop reason the ranks agree on, whether every
+        rank's background checkpoint file is written), on every rank: one small all-reduce.
 
         Only the last stage of each replica holds its loss; every TP (x CP) rank there holds
         the same value, so the world sum counts each replica tp x cp times. Each rank adds a 1
-        at its stop reason's slot: the first slot (in ``STOP_REASONS`` order) any rank marked wins."""
-        value = torch.zeros(1 + len(STOP_REASONS), dtype=torch.float64, device=self.mesh.device)
+        at its stop reason's slot: the first slot (in ``STOP_REASONS`` order) any rank marked
+        wins; and a 1 in the last slot when its file is written: all are when the sum is the world."""
+        value = torch.zeros(2 + len(STOP_REASONS), dtype=torch.float64, device=self.mesh.device)
         if replica_loss is not None:
             value[0] += float(replica_loss)
         if stop_code:
             value[1 + STOP_REASONS.index(stop_code)] = 1.0
-        if dist.get_world_size() > 1:
+        value[-1] = 1.0 if save_written else 0.0
+        world = dist.get_world_size()
+        if world > 1:
             dist.all_reduce(value)
-        marked = value[1:].tolist()
+        marked = value[1:-1].tolist()
         agreed = next((code for code, n in zip(STOP_REASONS, marked) if n > 0), 0)
-        return float(value[0]) / (self.plan.dp * self.plan.tp * self.plan.cp), agreed
+        written = save_written is not None and int(value[-1]) == world
+        return float(value[0]) / (self.plan.dp * self.plan.tp * self.plan.cp), agreed, written
 
     # --- inspection -------------------------------------------------------------------
     def full_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor]:
@@ -221,10 +228,11 @@ def train(recipe, out_dir: str | None, hooks=(), print_fn=print, stop=None) -> T
         for hook in hooks:
             if hasattr(hook, "on_step_begin"):
                 hook.on_step_begin(job, step)
-        m = job.train_step(step, stop)
+        votes = [v for v in (h.save_written() for h in hooks if hasattr(h, "save_written")) if v is not None]
+        m = job.train_step(step, stop, all(votes) if votes else None)
         outcome.history.append(m)
         record, line = asdict(m), format_step(m, recipe.train.steps)
-        record.pop("stop")
+        record.pop("stop"), record.pop("saves_written")
         for hook in hooks:
             if hasattr(hook, "step_record"):  # extra metrics.jsonl keys and step-line text (metrics.StepMonitor)
                 extra, text = hook.step_record(job, m)

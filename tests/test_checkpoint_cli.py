@@ -113,3 +113,22 @@ def test_bad_resume_input_is_one_line_exit_2_before_any_process_group(runs, tmp_
         assert code == 2 and len(lines) == 1 and lines[0].startswith("hybridpar train: error: "), (argv, err)
         for fragment in fragments:
             assert fragment in lines[0], (fragment, lines[0])
+
+
+def test_a_failed_background_write_stops_the_run_with_its_cause(tmp_path):
+    """Periodic saves are written on a thread (checkpoint/hook.py); when one rank's write fails
+    (a full disk, injected), the run stops at the commit with that cause in one line, and no
+    checkpoint of that step appears."""
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(RECIPE)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT), HYBRIDPAR_FAULT="fail-in-save:rank=1:step=2")
+    proc = subprocess.run([sys.executable, "-m", "hybridpar", "train", "--recipe", str(recipe), "--nproc", "2",
+                           "--save-every", "2", "--out", str(tmp_path / "run")], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [l for l in proc.stderr.splitlines() if l.startswith("hybridpar train: error:")]
+    assert errors == ["hybridpar train: error: rank 1: writing its checkpoint file failed: [Errno 28] injected: "
+                      "no space left on device"], proc.stderr[-3000:]
+    assert not [n for n in os.listdir(tmp_path / "run" / "ckpt") if n.startswith("step-")]
+    steps = metrics(tmp_path / "run" / "metrics.jsonl")
+    assert 3 <= steps[-1]["step"] < 6  # training went on while the file was being written, then stopped

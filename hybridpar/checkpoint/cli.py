@@ -21,7 +21,7 @@ from ..cli_flags import flags_argv
 from ..errors import UsageError
 
 FLAGS = ("save_dir", "save_every", "keep_last", "resume")
-SWITCHES = ("no_save", "overwrite", "allow_changes")
+SWITCHES = ("no_save", "sync_save", "overwrite", "allow_changes")
 AUTO = "auto"
 
 
@@ -39,6 +39,8 @@ def add_arguments(p) -> None:
     p.add_argument("--save-every", type=int, help="save every N steps (and always after the last step; turns saving on)")
     p.add_argument("--keep-last", type=int, help="keep only the newest K checkpoints (default: all)")
     p.add_argument("--no-save", action="store_true", help="save no checkpoints, whatever the recipe says")
+    p.add_argument("--sync-save", action="store_true",
+                   help="write every checkpoint before training goes on (default: periodic saves in the background)")
     p.add_argument("--resume", help="continue from a checkpoint: a save directory (its latest), one step-NNNNNN, "
                                     "or 'auto': the save directory's latest if there is one, else start fresh")
     p.add_argument("--overwrite", action="store_true",
@@ -58,6 +60,8 @@ def apply(recipe, args, out: str):
         changes["save"] = True
     if args.no_save:
         changes["save"] = False
+    if args.sync_save:
+        changes["async_save"] = False
     recipe = replace(recipe, checkpoint=replace(recipe.checkpoint, **changes)) if changes else recipe
     save_dir = (args.save_dir or os.path.join(out, "ckpt")) if recipe.checkpoint.save else None
     resume = args.resume
@@ -128,5 +132,6 @@ def hooks(recipe, plan: CheckpointPlan, print_fn=print, stop=None) -> list:
     from .hook import CheckpointConfig, Checkpointer
 
     c = recipe.checkpoint
-    config = CheckpointConfig(save_dir=plan.save_dir, save_every=c.save_every, resume=plan.resume, keep_last=c.keep_last)
+    config = CheckpointConfig(save_dir=plan.save_dir, save_every=c.save_every, resume=plan.resume, keep_last=c.keep_last,
+                              background=c.async_save)
     return [Checkpointer(config, last_step=recipe.train.steps, recipe=recipe, print_fn=print_fn, stop=stop)]

@@ -8,14 +8,21 @@
 3. every rank learns the outcome (one broadcast): a failure on any rank fails the save everywhere.
 A job killed anywhere before the rename leaves only a ``*.tmp-*`` directory, which loading
 ignores and the next save removes.
+
+Asynchronous saves (``begin_save(..., background=True)`` then ``finish_save``): the state is
+copied to host memory at the step boundary and each rank writes its file on a thread while
+training goes on; the collectives of steps 1 and 3 stay on the training thread (a process
+group's collectives must keep one order on every rank), run when every rank's file is written
+(``hook.Checkpointer`` learns that through the step's all-reduce).
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import threading
 import uuid
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.distributed as dist
@@ -75,8 +82,25 @@ def _broadcast(value, src: int = 0):
     return box[0]
 
 
-def save_checkpoint(job, save_dir: str, step: int, recipe=None, keep_last: int = 0) -> str:
-    """Collective: save ``job`` after optimizer step ``step``. Returns the checkpoint directory."""
+@dataclass
+class PendingSave:
+    """A save whose state is already in host memory; its rank file may still be being written."""
+
+    save_dir: str
+    step: int
+    save_id: str
+    tmp_name: str
+    report: dict
+    thread: threading.Thread | None = None
+
+    def written(self) -> bool:
+        return self.thread is None or not self.thread.is_alive()
+
+
+def begin_save(job, save_dir: str, step: int, background: bool = False) -> PendingSave:
+    """Collective: the temporary directory, then this rank's state copied to host memory (at
+    the step boundary, before training moves on) and its file written: here, or with
+    ``background`` on a thread while training goes on. ``finish_save`` commits it."""
     rank = dist.get_rank()
     save_id = _broadcast(uuid.uuid4().hex[:12] if rank == 0 else None)
     tmp_name = f"{step_dir_name(step)}.tmp-{save_id}"
@@ -92,19 +116,46 @@ def save_checkpoint(job, save_dir: str, step: int, recipe=None, keep_last: int =
     error = _broadcast(error)
     if error:
         raise CheckpointError(error)
-
-    report = {"rank": rank, "error": None}
+    pending = PendingSave(save_dir, step, save_id, tmp_name, {"rank": rank, "error": None})
     try:
         payload, index, metas = rank_payload(job, step, save_id)
+    except Exception as err:  # noqa: BLE001 - reported to every rank by finish_save
+        pending.report["error"] = f"rank {rank}: copying its state for the checkpoint failed: {err}"
+        return pending
+    pending.report.update(index=index, metas=metas, coord=payload["header"]["coord"], adam_step=payload["adam_step"])
+    if background:
+        pending.thread = threading.Thread(target=_write_rank_file, args=(pending, tmp, payload),
+                                          name=f"hybridpar-save-{step}", daemon=True)
+        pending.thread.start()
+    else:
+        _write_rank_file(pending, tmp, payload)
+    return pending
+
+
+def _write_rank_file(pending: PendingSave, tmp: str, payload: dict) -> None:
+    rank = pending.report["rank"]
+    try:
         name = rank_file_name(rank)
         record = write_tensors(os.path.join(tmp, name), payload)
-        report.update(name=name, record=asdict(record), index=index, metas=metas,
-                      coord=payload["header"]["coord"], adam_step=payload["adam_step"])
-        del payload  # the host copies: freed before the next collective
-    except Exception as err:  # noqa: BLE001 - reported to every rank below
-        report["error"] = f"rank {rank}: writing its checkpoint file failed: {err}"
+        pending.report.update(name=name, record=asdict(record))
+    except Exception as err:  # noqa: BLE001 - reported to every rank by finish_save
+        pending.report["error"] = f"rank {rank}: writing its checkpoint file failed: {err}"
+
+
+def save_checkpoint(job, save_dir: str, step: int, recipe=None, keep_last: int = 0) -> str:
+    """Collective: save ``job`` after optimizer step ``step``. Returns the checkpoint directory."""
+    return finish_save(job, begin_save(job, save_dir, step), recipe, keep_last)
+
+
+def finish_save(job, pending: PendingSave, recipe=None, keep_last: int = 0) -> str:
+    """Collective: wait for this rank's file, learn every rank's outcome, and (rank 0) commit:
+    manifest, rename, ``latest``. A failure on any rank fails the save on every rank."""
+    if pending.thread is not None:
+        pending.thread.join()
+    rank, save_dir, step, save_id, tmp_name = pending.report["rank"], pending.save_dir, pending.step, pending.save_id, pending.tmp_name
+    tmp = os.path.join(save_dir, tmp_name)
     reports = [None] * dist.get_world_size()
-    dist.all_gather_object(reports, report)
+    dist.all_gather_object(reports, pending.report)
 
     outcome = None
     if rank == 0:
