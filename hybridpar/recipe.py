@@ -11,7 +11,8 @@ train: {global_batch: 16, seq_len: 32, steps: 5, lr: 3.0e-3, min_lr: 3.0e-4, war
         weight_decay: 0.1, grad_clip: 1.0, seed: 0, precision: auto}
 data: {source: synthetic}   # or {source: embedded, tokenizer: byte} / {source: indexed, path: PREFIX}
 cluster: {gpu: h100-80gb, gpus_per_node: 8}   # a GPU recipe: refuses to train without CUDA unless --allow-cpu
-checkpoint: {save_dir: ckpt/tiny, save_every: 50, keep_last: 0}   # hybridpar.checkpoint
+checkpoint: {save_dir: ckpt/tiny, save_every: 50, keep_last: 0,   # hybridpar.checkpoint
+             init_from_hf: hf/llama}   # start from Hugging Face weights (hybridpar.checkpoint.hf_import)
 generate: {prompt: "Ham.\n", tokens: 200, temperature: 0.0}    # a sample after the last step (hybridpar.generate)
 ```
 
@@ -108,11 +109,15 @@ class ClusterSection:
 
 @dataclass(frozen=True)
 class CheckpointSection:
-    """Where and how often to save (hybridpar.checkpoint); ``--save-dir``/``--save-every`` override."""
+    """Where and how often to save (hybridpar.checkpoint), and where the first weights come from;
+    ``--save-dir``/``--save-every``/``--keep-last``/``--init-from-hf`` override."""
 
     save_dir: Optional[str] = None  # None: no checkpoints
     save_every: int = 0  # 0: only after the last step
     keep_last: int = 0  # 0: keep every checkpoint
+    # A Hugging Face Llama directory to take the initial weights from (``--init-from-hf``);
+    # optimizer state starts fresh; ignored when the run resumes from a checkpoint.
+    init_from_hf: Optional[str] = None
 
 
 @dataclass(frozen=True)
