@@ -1,6 +1,8 @@
 """Small Hugging Face Llama models for the HF in/out tests (real transformers, real files)."""
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import torch
 
 from topology.models import PRESETS
@@ -32,3 +34,23 @@ def random_llama(seed: int = 0, tied: bool = False, spec=TINY):
 def hf_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model(input_ids=tokens).logits.float()
+
+
+def canonical_from_hf(hf_dir: str, tied: bool, tp: int = 1, tp_rank: int = 0, spec=TINY) -> dict:
+    """The canonical tensors (or TP shards) that hf_import reads from an HF directory."""
+    from hybridpar.checkpoint.hf_import import HFReader, shard_rows, read_shard
+    from hybridpar.checkpoint.hf_layout import canonical_layout, check_hf_dir
+
+    reader = HFReader(check_hf_dir(hf_dir, spec, tied))
+    out = {}
+    for c in canonical_layout(spec, tied):
+        p = param_like(c)
+        out[c.cname] = read_shard(reader, c, shard_rows(p, c, tp, tp_rank))
+    return out
+
+
+def param_like(c):
+    """What model.py's TP rules read from a megatron parameter: every matrix is TP-split along the
+    layout's axis, norms are replicated, fc1 is [gate; up]."""
+    return SimpleNamespace(tensor_model_parallel=len(c.shape) == 2, partition_dim=c.axis,
+                           _hybridpar_gated=c.cname.endswith("linear_fc1.weight"))

@@ -13,33 +13,12 @@ from __future__ import annotations
 
 import json
 import os
-from types import SimpleNamespace
-
 import pytest
 import torch
 
-from hf_models import TINY, hf_logits, random_llama
+from hf_models import TINY, canonical_from_hf, hf_logits, param_like, random_llama
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _canonical_from_hf(hf_dir: str, tied: bool, tp: int = 1, tp_rank: int = 0) -> dict:
-    from hybridpar.checkpoint.hf_import import HFReader, _positions, read_shard
-    from hybridpar.checkpoint.hf_layout import canonical_layout, check_hf_dir
-
-    reader = HFReader(check_hf_dir(hf_dir, TINY, tied))
-    out = {}
-    for c in canonical_layout(TINY, tied):
-        p = _param_like(c)
-        out[c.cname] = read_shard(reader, c, _positions(p, c, tp, tp_rank))
-    return out
-
-
-def _param_like(c):
-    """What model.py's TP rules read from a megatron parameter: every matrix is TP-split along the
-    layout's axis, norms are replicated, fc1 is [gate; up]."""
-    return SimpleNamespace(tensor_model_parallel=len(c.shape) == 2, partition_dim=c.axis,
-                           _hybridpar_gated=c.cname.endswith("linear_fc1.weight"))
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["untied", "tied"])
@@ -56,7 +35,7 @@ def test_hf_weights_through_the_mapping_give_transformers_logits(saved):
     model, path, tied = saved
     tokens = torch.randint(0, TINY.vocab, (2, 24), generator=torch.Generator().manual_seed(3))
     want = hf_logits(model, tokens)
-    got = LlamaReference(TINY, _canonical_from_hf(path, tied), tied=tied).logits(tokens)
+    got = LlamaReference(TINY, canonical_from_hf(path, tied), tied=tied).logits(tokens)
     diff = (got - want).abs().max().item()
     print(f"HF -> canonical -> llama_ref, {'tied' if tied else 'untied'}: max |logit diff| {diff:.2e}, max |logit| {want.abs().max():.2f}")
     assert want.abs().max() > 3.0 and want.std() > 0.5  # sharp logits: a misplaced row would show
@@ -68,12 +47,12 @@ def test_tp_shards_read_by_slices_equal_the_full_tensors_split(saved):
     from hybridpar.model import shard_of_full
 
     _, path, tied = saved
-    full = _canonical_from_hf(path, tied)
+    full = canonical_from_hf(path, tied)
     for tp in (2, 4):
         for tp_rank in range(tp):
-            shards = _canonical_from_hf(path, tied, tp, tp_rank)
+            shards = canonical_from_hf(path, tied, tp, tp_rank)
             for c in canonical_layout(TINY, tied):
-                want = shard_of_full(c.cname, _param_like(c), full[c.cname], tp_rank, tp)
+                want = shard_of_full(c.cname, param_like(c), full[c.cname], tp_rank, tp)
                 assert torch.equal(shards[c.cname], want), (c.cname, tp, tp_rank)
 
 

@@ -66,7 +66,7 @@ def hf_tensors(p: CanonicalParam, full, dtype):
     """The HF tensors cut from canonical ``full``: {name: tensor}."""
     import torch
 
-    out = {name: torch.empty(shape, dtype=dtype) for name, shape in p.hf_shapes().items()}
+    out = {name: torch.empty(shape, dtype=dtype, device="cpu") for name, shape in p.hf_shapes().items()}
     for s in p.segments:
         out[s.hf_name].narrow(p.axis, s.hf_start, s.length).copy_(full.narrow(p.axis, s.start, s.length))
     return out

@@ -27,12 +27,13 @@ def _runs(positions: list[int]) -> list[tuple[int, int]]:
     return [(a, b) for a, b in runs]
 
 
-def _positions(p, layout: CanonicalParam, tp: int, tp_rank: int) -> list[int]:
+def shard_rows(p, layout: CanonicalParam, tp: int, tp_rank: int) -> list[int]:
+    """The rows (along ``layout.axis``) of the full tensor that parameter ``p`` holds on ``tp_rank``."""
     full = layout.shape[layout.axis]
     if tp > 1 and getattr(p, "tensor_model_parallel", False):
         if p.partition_dim != layout.axis:
             raise CheckpointError(f"{layout.cname} is split along dim {p.partition_dim}, expected {layout.axis}")
-        return shard_positions(p, full, tp_rank, tp).tolist()
+        return shard_positions(p, full, tp_rank, tp, device="cpu").tolist()
     return list(range(full))
 
 
@@ -46,10 +47,13 @@ class HFReader:
         from safetensors import safe_open
 
         path = self.files[name]
-        if path not in self._open:
-            self._open[path] = safe_open(path, framework="pt", device="cpu")
-        part = self._open[path].get_slice(name)
-        return part[lo:hi] if axis == 0 else part[:, lo:hi]
+        # Host memory, whatever the rank's device: safetensors builds the tensor without naming a
+        # device, so say it here (strict device mode would otherwise put it on meta).
+        with torch.device("cpu"):
+            if path not in self._open:
+                self._open[path] = safe_open(path, framework="pt", device="cpu")
+            part = self._open[path].get_slice(name)
+            return part[lo:hi] if axis == 0 else part[:, lo:hi]
 
 
 def read_shard(reader: HFReader, layout: CanonicalParam, positions: list[int]) -> torch.Tensor:
@@ -71,7 +75,7 @@ def load_hf_into(job, hf_dir: str, files: dict[str, str]) -> int:
     layout = {c.cname: c for c in canonical_layout(job.plan.model, job.tied)}
     view, reader, count = OptimizerView(job.engine, mesh.rank_in("dp_cp")), HFReader(files), 0
     for cname, p in canonical_params(job.chunks):
-        value = read_shard(reader, layout[cname], _positions(p, layout[cname], tp, tp_rank))
+        value = read_shard(reader, layout[cname], shard_rows(p, layout[cname], tp, tp_rank))
         if tuple(value.shape) != tuple(p.shape):
             raise CheckpointError(f"{hf_dir}: {cname} gives a shard of shape {list(value.shape)}, this rank holds {list(p.shape)}")
         view.set_param(p, value.to(device=p.device, dtype=torch.float32))
