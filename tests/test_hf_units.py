@@ -145,3 +145,26 @@ def test_export_hf_bad_input(tmp_path, capsys):
     _one_line_exit_2(capsys, ["export-hf", str(tmp_path), str(tmp_path / "o"), "--dtype", "fp8"], "--dtype")
     _one_line_exit_2(capsys, ["export-hf", str(tmp_path), str(tmp_path / "o")], "no complete checkpoint")
     assert sorted(os.listdir(tmp_path)) == ["busy"] and (busy / "keep.txt").read_text() == "another run's file"
+
+
+def test_recipe_key_init_from_hf_is_checked_and_a_resume_wins(saved, tmp_path, capsys, no_ranks_may_start):
+    from argparse import Namespace
+
+    from hybridpar.checkpoint import cli as checkpoint_cli
+    from hybridpar.checkpoint.hf_import import HFInit
+    from hybridpar.recipe import load_recipe
+
+    _, path, tied = saved
+    text = open(TINY_RECIPE).read() + f"checkpoint: {{init_from_hf: {path}}}\n"
+    (tmp_path / "r.yaml").write_text(text)
+    if tied:
+        _one_line_exit_2(capsys, ["train", "--recipe", str(tmp_path / "r.yaml"), "--nproc", "8"], "tie_word_embeddings")
+        return
+    (tmp_path / "bad.yaml").write_text(open(TINY_RECIPE).read() + "checkpoint: {init_from_hf: 5}\n")
+    _one_line_exit_2(capsys, ["train", "--recipe", str(tmp_path / "bad.yaml"), "--nproc", "8"], "checkpoint.init_from_hf")
+    recipe = load_recipe(str(tmp_path / "r.yaml")).validate(8)
+    fresh = Namespace(save_dir=None, save_every=None, keep_last=None, resume=None, init_from_hf=None)
+    assert checkpoint_cli.apply(recipe, fresh).checkpoint.init_from_hf == path
+    assert [type(h) for h in checkpoint_cli.hooks(recipe, fresh)] == [HFInit]
+    resumed = Namespace(**dict(vars(fresh), resume=str(tmp_path / "ckpt")))
+    assert not any(isinstance(h, HFInit) for h in checkpoint_cli.hooks(recipe, resumed))

@@ -127,7 +127,6 @@ def export_hf(cfg: ExportConfig, print_fn=print) -> str:
     from topology.models import model_from_dict
 
     from .hf_tokenizer import choose_tokenizer, write_tokenizer
-    from .reshard import CheckpointReader
 
     if cfg.dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
@@ -144,6 +143,7 @@ def export_hf(cfg: ExportConfig, print_fn=print) -> str:
         raise CheckpointError(f"checkpoint {step_dir} has no parameter {missing[0]}")
     tokenizer, note = choose_tokenizer(cfg.tokenizer, _read_recipe(step_dir), spec.vocab)
     verify(step_dir, manifest, checksum=True)
+    from .reshard import CheckpointReader  # torch: after every check of the input
 
     parent = os.path.dirname(os.path.abspath(cfg.out_dir))
     os.makedirs(parent, exist_ok=True)
