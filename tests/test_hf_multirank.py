@@ -1,7 +1,8 @@
 """Hugging Face in and out with real ranks (issue 16 §5).
 
 (a) The tiny model trained 3 steps on 8 ranks (TP2 x PP2 x DP2, byte-tokenized embedded corpus)
-    and exported with `hybridpar export-hf` (one file, and again in 100 KB shards with an index):
+    and exported with `hybridpar export-hf` (one file, and again in 100 KB shards with an index;
+    then over the first, --overwrite, in bf16: its rounding shows in the logits):
     transformers' LlamaForCausalLM gives the logits hybridpar's own forward (llama_ref on the
     checkpoint's full weights) gives, fp32, <= 1e-5; the exported tensors read back through the
     import mapping equal the checkpoint's; AutoTokenizer loads the export and encodes/decodes like
@@ -69,6 +70,14 @@ def test_trained_on_8_ranks_exported_gives_the_same_logits_in_transformers(tmp_p
         assert diff <= 1e-5
         back = canonical_from_hf(str(tmp_path / name), tied=False)
         assert all(torch.equal(back[k], weights[k]) for k in weights) and set(back) == set(weights)
+
+    export_hf(ExportConfig(str(tmp_path / "ckpt"), str(tmp_path / "hf"), overwrite=True, dtype="bf16"), print_fn=lambda *_: None)
+    model = LlamaForCausalLM.from_pretrained(str(tmp_path / "hf"), dtype=torch.float32).eval()
+    assert model.model.embed_tokens.weight.dtype == torch.float32  # upcast on load: bf16 values
+    assert torch.equal(model.model.embed_tokens.weight, weights["embedding.word_embeddings.weight"].bfloat16().float())
+    diff = (hf_logits(model, tokens) - want).abs().max().item()
+    print(f"export (hf, bf16 weights, overwritten): max |logit diff| {diff:.2e}")
+    assert 1e-5 < diff < 0.05
 
     tok, mine = AutoTokenizer.from_pretrained(str(tmp_path / "hf")), ByteTokenizer()
     text = "Ham.\nTo be, or not to be: that is the question — ünïcödé"

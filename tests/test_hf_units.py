@@ -71,6 +71,43 @@ def test_byte_tokenizer_equivalent_loads_with_autotokenizer(tmp_path):
     assert len(tok) == mine.vocab_size and tok.eos_token_id == mine.eod
 
 
+def test_a_runs_tokenizer_json_is_exported_as_is(tmp_path):
+    from transformers import AutoTokenizer
+
+    from hybridpar.checkpoint.hf_tokenizer import byte_tokenizer, choose_tokenizer, write_tokenizer
+    from hybridpar.data.tokenizers import load_tokenizer
+
+    src = tmp_path / "src" / "tokenizer.json"
+    src.parent.mkdir()
+    byte_tokenizer().save(str(src))  # any tokenizer.json; this one has <|endoftext|> for the EOD search
+    spec, note = choose_tokenizer(None, {"data": {"source": "indexed", "path": "x", "tokenizer": str(src)}}, 320)
+    assert spec == str(src) and "data.tokenizer" in note
+    out = tmp_path / "out"
+    out.mkdir()
+    mine = load_tokenizer(str(src))
+    assert write_tokenizer(spec, str(out)) == mine.eod == 256
+    assert (out / "tokenizer.json").read_bytes() == src.read_bytes()
+    tok = AutoTokenizer.from_pretrained(str(out))
+    text = "Ham.\nünï"
+    assert tok(text)["input_ids"] == mine.encode(text) and tok.decode(mine.encode(text)) == text
+    assert tok.eos_token_id == 256
+
+
+def test_the_recorded_tokenizer_is_chosen(tmp_path):
+    from hybridpar.checkpoint.hf_tokenizer import choose_tokenizer
+    from hybridpar.errors import UsageError
+
+    assert choose_tokenizer(None, {"data": {"source": "synthetic"}}, 320)[0] == "byte"
+    assert choose_tokenizer(None, {"data": {"source": "embedded"}}, 320)[0] == "byte"
+    assert choose_tokenizer(None, None, 320)[0] == "byte"
+    (tmp_path / "d.meta.json").write_text(json.dumps({"tokenizer": "byte"}))
+    assert choose_tokenizer(None, {"data": {"source": "indexed", "path": str(tmp_path / "d")}}, 320)[0] == "byte"
+    with pytest.raises(UsageError, match="--tokenizer"):
+        choose_tokenizer(None, {"data": {"source": "indexed", "path": str(tmp_path / "none")}}, 320)
+    with pytest.raises(UsageError, match="vocab"):
+        choose_tokenizer("byte", None, 200)  # 257 tokens do not fit a 200-row embedding
+
+
 def test_config_differences_name_each_mismatch():
     from hybridpar.checkpoint.hf_layout import config_differences, hf_config
 
