@@ -17,6 +17,8 @@ setup(
         "tqdm>=4.60",
         "matplotlib>=3.8",
         "tokenizers>=0.20",
+        "safetensors>=0.4.3",
+        "transformers>=5.0",  # the tests use its 5.x API (rope_parameters); hybridpar itself never imports it
     ],
     entry_points={"console_scripts": ["hybridpar=hybridpar.cli:main"]},
 )

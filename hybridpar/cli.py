@@ -1,6 +1,7 @@
 """The `hybridpar` command: parse, dispatch to hybridpar/commands/<name>.py, report errors.
 
-Each module in hybridpar/commands/ is one subcommand named after the file. It defines ``HELP``
+Each module in hybridpar/commands/ is one subcommand named after the file (``_`` read as ``-``:
+export_hf.py is ``export-hf``). It defines ``HELP``
 (one line), ``add_arguments(parser)`` and ``run(args) -> int``, and imports torch only inside
 ``run`` so that `hybridpar plan` stays fast.
 """
@@ -17,7 +18,11 @@ from . import commands
 
 
 def command_names() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
+    return sorted(m.name.replace("_", "-") for m in pkgutil.iter_modules(commands.__path__) if not m.name.startswith("_"))
+
+
+def _module(name: str):
+    return importlib.import_module(f"hybridpar.commands.{name.replace('-', '_')}")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -31,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
     for name in command_names():
-        module = importlib.import_module(f"hybridpar.commands.{name}")
+        module = _module(name)
         module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP))
     return parser
 
@@ -39,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    module = importlib.import_module(f"hybridpar.commands.{args.command}")
+    module = _module(args.command)
     try:
         return int(module.run(args) or 0)
     except USER_ERRORS as err:

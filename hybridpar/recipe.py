@@ -11,7 +11,8 @@ train: {global_batch: 16, seq_len: 32, steps: 5, lr: 3.0e-3, min_lr: 3.0e-4, war
         weight_decay: 0.1, grad_clip: 1.0, seed: 0, precision: auto}
 data: {source: synthetic}   # or {source: embedded, tokenizer: byte} / {source: indexed, path: PREFIX}
 cluster: {gpu: h100-80gb, gpus_per_node: 8}   # a GPU recipe: refuses to train without CUDA unless --allow-cpu
-checkpoint: {save: true, save_every: 50, keep_last: 0}   # into OUT/ckpt (or --save-dir): hybridpar.checkpoint
+checkpoint: {save: true, save_every: 50, keep_last: 0,   # into OUT/ckpt (or --save-dir): hybridpar.checkpoint
+             init_from_hf: hf/llama}   # start from Hugging Face weights (hybridpar.checkpoint.hf_import)
 generate: {prompt: "Ham.\n", tokens: 200, temperature: 0.0}    # a sample after the last step (hybridpar.generate)
 ```
 
@@ -108,13 +109,17 @@ class ClusterSection:
 
 @dataclass(frozen=True)
 class CheckpointSection:
-    """Whether and how often to save (hybridpar.checkpoint). Checkpoints go to the run directory's
-    ckpt/ (``--out``), or to ``--save-dir``; ``--save-every``/``--keep-last``/``--no-save`` override."""
+    """Whether and how often to save (hybridpar.checkpoint), and where the first weights come from.
+    Checkpoints go to the run directory's ckpt/ (``--out``), or to ``--save-dir``;
+    ``--save-every``/``--keep-last``/``--no-save``/``--sync-save``/``--init-from-hf`` override."""
 
     save: bool = False
     save_every: int = 0  # 0: only after the last step (and at an early stop)
     keep_last: int = 0  # 0: keep every checkpoint
     async_save: bool = True  # periodic saves written in the background while training goes on
+    # A Hugging Face Llama directory to take the initial weights from (``--init-from-hf``);
+    # optimizer state starts fresh; ignored when the run resumes from a checkpoint.
+    init_from_hf: Optional[str] = None
 
 
 @dataclass(frozen=True)

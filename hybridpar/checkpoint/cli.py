@@ -3,7 +3,8 @@
 Everything here runs before any process group exists (no torch import), so bad input is one
 line with exit code 2: a missing resume directory, no complete checkpoint in it, a checkpoint
 of another model, already at/after the last step, or trained with other settings (another
---steps, schedule, batch or seed) unless ``--allow-changes``.
+--steps, schedule, batch or seed) unless ``--allow-changes``; a Hugging Face directory
+(``--init-from-hf``) whose config or tensors do not match the recipe's model.
 
 Checkpoints go to ``<out>/ckpt`` unless ``--save-dir`` says otherwise; saving is on when the
 recipe's ``checkpoint.save`` is true or --save-dir / --save-every is given, off with --no-save.
@@ -20,7 +21,7 @@ from dataclasses import dataclass, replace
 from ..cli_flags import flags_argv
 from ..errors import UsageError
 
-FLAGS = ("save_dir", "save_every", "keep_last", "resume")
+FLAGS = ("save_dir", "save_every", "keep_last", "resume", "init_from_hf")
 SWITCHES = ("no_save", "sync_save", "overwrite", "allow_changes")
 AUTO = "auto"
 
@@ -45,6 +46,8 @@ def add_arguments(p) -> None:
                                     "or 'auto': the save directory's latest if there is one, else start fresh")
     p.add_argument("--overwrite", action="store_true",
                    help="start over in a run/save directory that holds an earlier run (deletes its metrics and checkpoints)")
+    p.add_argument("--init-from-hf", metavar="DIR",
+                   help="start from Hugging Face Llama weights (config.json + safetensors); optimizer state fresh")
     p.add_argument("--allow-changes", action="store_true",
                    help="resume even though --steps, the LR schedule, the global batch or the seed differ from the checkpoint's")
 
@@ -55,7 +58,10 @@ def apply(recipe, args, out: str):
         value = getattr(args, key, None)
         if value is not None and value < 0:
             raise UsageError(f"--{key.replace('_', '-')} must be >= 0, got {value}")
-    changes = {k: getattr(args, k) for k in ("save_every", "keep_last") if getattr(args, k, None) is not None}
+    if args.init_from_hf and args.resume and args.resume != AUTO:
+        raise UsageError("--init-from-hf and --resume both give the first weights: choose one")
+    keys = ("save_every", "keep_last", "init_from_hf")
+    changes = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
     if args.save_dir or args.save_every is not None:
         changes["save"] = True
     if args.no_save:
@@ -68,6 +74,11 @@ def apply(recipe, args, out: str):
     if resume == AUTO:
         resume = save_dir if save_dir and _has_checkpoint(save_dir) else None
     if not resume:
+        if recipe.checkpoint.init_from_hf:  # a fresh start from Hugging Face weights
+            from .hf_layout import check_hf_dir
+
+            plan = recipe.to_plan_unresolved()
+            check_hf_dir(recipe.checkpoint.init_from_hf, plan.model, plan.model.tied_embeddings)
         return recipe, CheckpointPlan(save_dir, None)
     from . import inspect_resume
 
@@ -126,12 +137,17 @@ def argv(args) -> list[str]:
 
 
 def hooks(recipe, plan: CheckpointPlan, print_fn=print, stop=None) -> list:
-    """The train() hooks for this run (none when it neither saves nor resumes)."""
+    """The train() hooks for this run: the Hugging Face start, the checkpointer (each when used)."""
+    c = recipe.checkpoint
+    init = []
+    if c.init_from_hf and not plan.resume:  # a resumed run takes its weights from the checkpoint
+        from .hf_import import HFInit
+
+        init = [HFInit(c.init_from_hf, print_fn=print_fn)]
     if not plan.save_dir and not plan.resume:
-        return []
+        return init
     from .hook import CheckpointConfig, Checkpointer
 
-    c = recipe.checkpoint
     config = CheckpointConfig(save_dir=plan.save_dir, save_every=c.save_every, resume=plan.resume, keep_last=c.keep_last,
                               background=c.async_save)
-    return [Checkpointer(config, last_step=recipe.train.steps, recipe=recipe, print_fn=print_fn, stop=stop)]
+    return init + [Checkpointer(config, last_step=recipe.train.steps, recipe=recipe, print_fn=print_fn, stop=stop)]

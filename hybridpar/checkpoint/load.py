@@ -27,6 +27,23 @@ def _agree(error: str | None) -> None:
         raise CheckpointError(first)
 
 
+def on_every_rank(fn):
+    """Collective: ``fn()`` on this rank; a failure on any rank fails every rank with the first
+    rank's message (the others would hang at the next collective otherwise)."""
+    error, failure, result = None, None, None
+    try:
+        result = fn()
+    except Exception as err:  # noqa: BLE001 - every rank must learn of it
+        error, failure = f"rank {dist.get_rank()}: {err}", err
+    try:
+        _agree(error)
+    except CheckpointError:
+        if failure is not None and not isinstance(failure, CheckpointError):
+            raise failure  # a bug, not a damaged file: keep its traceback on the rank that hit it
+        raise
+    return result
+
+
 def verify_distributed(step_dir: str, manifest) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     error = None
@@ -71,19 +88,13 @@ def load_checkpoint(job, path: str, restore_rng: bool = True, print_fn=None) -> 
         note = "" if old == new else f", resharded from {old} to {new}"
         print_fn(f"resuming from {step_dir} (step {manifest.step}{note})")
     reader = CheckpointReader(step_dir, manifest)
-    error, failure = None, None
-    try:
+
+    def load():
         load_into(job, reader)
         if restore_rng and same_ranks(manifest, job.plan):
             rng.restore(reader.rank_data(dist.get_rank())["rng"])
-    except Exception as err:  # noqa: BLE001 - every rank must learn of it, or the others hang
-        error, failure = f"rank {dist.get_rank()}: {err}", err
-    try:
-        _agree(error)
-    except CheckpointError:
-        if failure is not None and not isinstance(failure, CheckpointError):
-            raise failure  # a bug, not a damaged file: keep its traceback on the rank that hit it
-        raise
+
+    on_every_rank(load)
     job.engine.engine.global_steps = manifest.step
     job.engine.engine.global_samples = manifest.step * job.plan.global_batch
     return manifest.step
