@@ -117,9 +117,6 @@ def count_stage(chunks, stage: Stage, zero_stage: int, dp: int) -> StageCount:
     from .engine import param_groups
 
     params, extra = _held_tensors(chunks)
-    real = [p for p in params if p.device.type != "meta"]
-    if real:
-        raise RuntimeError(f"{len(real)} parameters were allocated on {real[0].device}, not meta")
     groups = tuple(sum(p.numel() for p in g["params"]) for g in param_groups(chunks, 0.0))
     size = params[0].element_size()
     n = sum(p.numel() for p in params)
@@ -149,6 +146,9 @@ def build_stage(plan: Plan, stage: Stage, dtype: torch.dtype) -> StageCount:
                                 lighter_end_stages=plan.lighter_end_stages, recompute=plan.recompute)
             with cpu.meta_build():
                 chunks = build_model(plan.model, mesh, opts, draw_weights=False)
+            real = [p for c in chunks for p in c.parameters() if p.device.type != "meta"]
+            if real:
+                raise RuntimeError(f"{len(real)} parameters were allocated on {real[0].device}, not meta")
             layers = sum(len(c.decoder.layers) for c in chunks)
             if layers != stage.layers:
                 raise RuntimeError(f"pipeline rank {stage.rank}: built {layers} layers, the planner's stage has "
