@@ -124,9 +124,9 @@ def _record(model, tp, seq_len, recompute, micro_batch) -> LayerActivations:
     # checkpoint saves its inputs after the layer has run, still before the final norm).
     hooks = [model.decoder.layers[1].register_forward_pre_hook(lambda *a: counting.__setitem__(0, True)),
              model.decoder.final_layernorm.register_forward_pre_hook(lambda *a: counting.__setitem__(0, False))]
-    vocab = model.vocab_size
-    tokens = torch.randint(0, vocab, (micro_batch, seq_len), device="cpu")
-    positions = torch.arange(seq_len, device="cpu").unsqueeze(0).expand(micro_batch, -1)
+    device = next(model.parameters()).device
+    tokens = torch.randint(0, model.vocab_size, (micro_batch, seq_len), device=device)
+    positions = torch.arange(seq_len, device=device).unsqueeze(0).expand(micro_batch, -1)
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss = model(tokens, positions, None, labels=tokens)
