@@ -242,3 +242,21 @@ def skip_deepspeed_shm_build() -> None:
 
     # (`import deepspeed.comm.torch as m` would bind deepspeed.comm's `torch` attribute: torch itself)
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
+@contextlib.contextmanager
+def meta_build():
+    """Modules built inside allocate nothing: megatron-core allocates every weight on
+    ``torch.cuda.current_device()`` (``use_cpu_initialization=False``), which returns ``meta`` here,
+    and any tensor created without a device lands on ``meta`` too. For the memory audit
+    (hybridpar/memory_audit.py) only: the runtime never enters it. On CPU the accommodations of
+    ``apply()`` are installed first, so that its own ``current_device`` does not replace this one."""
+    apply()
+    saved, default = torch.cuda.current_device, torch.get_default_device()
+    torch.cuda.current_device = lambda: torch.device("meta")
+    torch.set_default_device("meta")
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = saved
+        torch.set_default_device(default)

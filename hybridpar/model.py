@@ -110,8 +110,10 @@ def _left_to_canonical_init(weight) -> None:
     """megatron's init hook: nothing to draw here, ``init_weights`` sets every value."""
 
 
-def build_model(spec: ModelSpec, mesh, opts: ModelOptions, seed: int = 0) -> list:
-    """This rank's model chunks (one per virtual stage), initialised by canonical name."""
+def build_model(spec: ModelSpec, mesh, opts: ModelOptions, seed: int = 0, draw_weights: bool = True) -> list:
+    """This rank's model chunks (one per virtual stage), initialised by canonical name.
+    ``draw_weights=False`` leaves the values as allocated (the memory audit builds on ``meta``,
+    where there are none)."""
     from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
@@ -150,7 +152,9 @@ def build_model(spec: ModelSpec, mesh, opts: ModelOptions, seed: int = 0) -> lis
         if vp_stage is not None:
             kwargs["vp_stage"] = vp_stage
         chunks.append(GPTModel(**kwargs))
-    init_weights(chunks, spec, mesh, seed)
+    _mark_gated(chunks, spec)
+    if draw_weights:
+        init_weights(chunks, spec, mesh, seed)
     for chunk in chunks:
         for p in chunk.parameters():
             # DeepSpeed counts a parameter once in the gradient norm unless marked replicated:
@@ -256,6 +260,14 @@ def init_std(cname: str, spec: ModelSpec) -> float:
     return INIT_STD
 
 
+def _mark_gated(chunks, spec: ModelSpec) -> None:
+    """SwiGLU's fc1 holds [gate; up] stacked: its TP shard is a slice of each half."""
+    for chunk in chunks:
+        if spec.mlp == "swiglu" and hasattr(chunk, "decoder"):
+            for layer in chunk.decoder.layers:
+                layer.mlp.linear_fc1.weight._hybridpar_gated = True
+
+
 @torch.no_grad()
 def init_weights(chunks, spec: ModelSpec, mesh, seed: int) -> None:
     """Each parameter's shard of its canonical full tensor, drawn on the parameter's device:
@@ -263,10 +275,7 @@ def init_weights(chunks, spec: ModelSpec, mesh, seed: int) -> None:
     (seed, canonical name), so the shard's cost is its own size and every layout matches the
     one-process model exactly."""
     tp, tp_rank = mesh.layout.tp, mesh.tp_rank
-    for chunk in chunks:
-        if spec.mlp == "swiglu" and hasattr(chunk, "decoder"):
-            for layer in chunk.decoder.layers:
-                layer.mlp.linear_fc1.weight._hybridpar_gated = True
+    _mark_gated(chunks, spec)
     for cname, p in canonical_params(chunks):
         if p.dim() == 1:
             p.fill_(1.0)

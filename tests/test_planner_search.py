@@ -119,10 +119,14 @@ def test_hybridpar_plans_never_use_zero3():
 
 
 def test_zero_shards_over_cp_ranks_when_there_is_no_dp():
-    # 405B on 256 H100s: TP8 x PP16 x CP2 leaves DP = 1; ZeRO-1 over the two CP ranks (which hold
-    # the same weights) frees enough memory to drop recomputation. With DP = CP = 1 nothing shards.
-    best = search(Request(PRESETS["llama3-405b"], 256, 512, 8192), top=1).plans[0].plan
-    assert (best.tp, best.cp, best.pp, best.dp, best.zero_stage, best.recompute) == (8, 2, 16, 1, 1, "none")
+    # 405B on 256 H100s: TP8 x PP16 x CP2 leaves DP = 1; ZeRO-1 shards the optimizer state over the
+    # two CP ranks (which hold the same weights). With DP = CP = 1 nothing shards. (Before a layer's
+    # saved activations were measured, docs/planner.md "Memory truth", that also dropped recomputation.)
+    from topology.memory import plan_memory
+
+    best = search(Request(PRESETS["llama3-405b"], 256, 512, 8192, pins={"tp": 8, "cp": 2, "pp": 16}), top=1).plans[0].plan
+    assert (best.dp, best.zero_stage) == (1, 1)
+    assert plan_memory(best).optimizer == pytest.approx(plan_memory(best.with_(zero_stage=0)).optimizer / 2)
     # (megatron-core: hybridpar's foreach AdamW adds an 8-byte temporary per parameter of an unsharded
     # optimizer, which 405B on 128 H100s has no room for)
     lone = search(Request(PRESETS["llama3-405b"], 128, 256, 8192, pins={"cp": 1}, software=MEGATRON_CORE),

@@ -23,6 +23,13 @@ With MHA and F = 4h this is Korthikanti's 34 sbh + 5 a s^2 b. Tensor parallelism
 V, the projection input, the MLP intermediates and the scores over t; sequence parallelism
 splits the rest too. Full recomputation keeps each layer's input (2h, split over t with SP)
 plus one layer's full activations while it is being recomputed.
+What a rotary (Llama) layer of megatron-core keeps besides, measured on hybridpar's layer
+(hybridpar/activation_audit.py; tests/test_activation_audit.py): FlashAttention's fp32 logsumexp
+(4a), and, where software.py says the stack does so, the rotated Q and K (2h + 2kv: RoPE is out of
+place while V, a view of the fused QKV output, keeps that output whole; rope_copies_kept), the
+cos/sin tables of unfused RoPE (8 head_dim, not split by TP; rope_fusion) and two more F-sized
+tensors of unfused SwiGLU (10F in all; swiglu_fusion). RMSNorm's fp32 rstd (8 bytes per token) is
+left out.
 """
 from __future__ import annotations
 
@@ -127,10 +134,18 @@ def layer_activation_bytes(plan: Plan, sw: Software, full_layer: bool = False) -
         return tokens * 2 * h / (t if sp else 1)
     mask = h if sw.dropout else 0
     replicated = 2 * h + mask + 2 * h + mask + 4 * h  # QKV input, MLP input, masks, norm inputs
-    split = 2 * h + 4 * kv + 2 * h + (6 * f if m.mlp == "swiglu" else 4 * f)
-    if not sw.flash_attention and (plan.recompute == "none" or full_layer):
+    swiglu = 6 * f if sw.swiglu_fusion else 10 * f
+    split = 2 * h + 4 * kv + 2 * h + (swiglu if m.mlp == "swiglu" else 4 * f)
+    if sw.rotary and sw.rope_copies_kept:  # rotated Q and K beside the QKV output V's view keeps whole
+        split += 2 * h + 2 * kv
+    if sw.flash_attention:  # its fp32 logsumexp per head (with selective recomputation: rerun)
+        if plan.recompute == "none" or full_layer:
+            split += 4 * m.heads
+    elif plan.recompute == "none" or full_layer:
         split += (5 if sw.dropout else 4) * m.heads * plan.seq_len
     per_token = (replicated + split) / t if sp else replicated + split / t
+    if sw.rotary and not sw.rope_fusion:  # cos and sin for Q and for K, per position, every TP rank
+        per_token += 4 * 2 * m.head_dim
     return tokens * per_token
 
 

@@ -99,6 +99,24 @@ class Software:
     # Rotary position embeddings applied to Q and K in every layer (Llama, Nemotron); the 2021-2022
     # GPT models used learned absolute position embeddings, BLOOM ALiBi (inside the softmax kernel).
     rotary: bool = True
+    # RoPE as one fused kernel (megatron-core apply_rope_fusion, Transformer Engine's fused RoPE,
+    # which keeps only the shared frequency table). False: megatron-core's unfused
+    # _apply_rotary_pos_emb_bshd (models/common/embeddings/rope_utils.py), whose cos and sin tables
+    # of the positions (t.dtype, head_dim per token) are made anew for Q and for K in every layer
+    # and kept by the multiplications: 4 x 2 x head_dim bytes per token and layer, not split by TP.
+    rope_fusion: bool = True
+    # The rotated Q and K are new tensors the core attention keeps, while V, a view of the fused QKV
+    # output, keeps that whole output alive: 2h + 2kv bytes per token beyond Korthikanti's Q, K, V
+    # (measured on hybridpar's layer: megatron-core's SelfAttention with SDPA). Transformer Engine's
+    # attention may copy V into a layout of its own, freeing the QKV output; not measured here (no TE
+    # on CPU), so the other profiles keep Korthikanti's count.
+    rope_copies_kept: bool = False
+    # SwiGLU as one fused function (megatron-core bias_activation_fusion: fusions/fused_bias_swiglu.py
+    # keeps only its input, gate and up, and recomputes in backward). False: megatron-core 0.16's
+    # unfused glu (transformer/mlp.py): silu(gate) * (up + glu_linear_offset), where the silu output
+    # and the offset sum are new tensors the product keeps, beside gate and up (kept by silu through
+    # its view of the fc1 output) and the product (the fc2 input): 10F bytes per token, not 6F.
+    swiglu_fusion: bool = True
     # Memory the framework holds beyond the model states and activations (topology/memory.py):
     # bytes per parameter of the optimizer shard that the optimizer step allocates as temporaries,
     # and whether the pipeline keeps each in-flight micro-batch's stage output in a buffer of its own.
@@ -124,8 +142,12 @@ class Software:
 # per parameter of the shard: DeepSpeed's fp32 flat partition gradient (zero/stage_1_and_2.py step:
 # flat_grad_partition.to(fp32)) and torch's foreach AdamW's sqrt of the variance, a new tensor
 # (torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(...)).
+# Its layers run megatron-core's unfused RoPE and SwiGLU (hybridpar/model.py: apply_rope_fusion and
+# bias_activation_fusion off, plain PyTorch paths); what they keep was measured tensor by tensor
+# (hybridpar/activation_audit.py, docs/planner.md "Memory truth").
 HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1, 2),
-                     grad_accum_bytes_per_param=GRAD_ADD_MIXED, optimizer_temp_bytes_per_param=8)
+                     grad_accum_bytes_per_param=GRAD_ADD_MIXED, optimizer_temp_bytes_per_param=8,
+                     rope_fusion=False, swiglu_fusion=False, rope_copies_kept=True)
 # megatron-core / NeMo (and Llama 3's stack): the same layers, megatron-core's distributed
 # optimizer (a reduce-scatter of the gradients, overlapped with the last backward; the weight
 # all-gather with the next forward) and classic ZeRO-2. bf16 gradients accumulate and are reduced
@@ -136,8 +158,11 @@ HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1,
 # GEMMs accumulate into (gradient_accumulation_fusion, on in Megatron-LM and NeMo's configs).
 # Its distributed optimizer steps apex/Transformer Engine FusedAdam in place on views of the fp32
 # buffers: no temporary.
+# Its RoPE and SwiGLU are fused: Megatron-LM turns both on unless --no-rope-fusion / --no-bias-swiglu-fusion
+# (megatron/training/arguments.py) [R]; NeMo 2 recipes set apply_rope_fusion and bias_activation_fusion [R].
 MEGATRON_CORE = replace(HYBRIDPAR, name="megatron-core", label="megatron-core", zero2_reduce_once=False,
-                        zero_stages=(0, 1, 2, 3), grad_accum_bytes_per_param=0, optimizer_temp_bytes_per_param=0)
+                        zero_stages=(0, 1, 2, 3), grad_accum_bytes_per_param=0, optimizer_temp_bytes_per_param=0,
+                        rope_fusion=True, swiglu_fusion=True, rope_copies_kept=False)
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
 # DP all-reduce after the pipeline flush (--DDP-impl local: allreduce_gradients() after the
