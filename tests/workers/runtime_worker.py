@@ -79,6 +79,7 @@ class FixedBatch:
 def run_layout(cfg, layout, recorder):
     job = make_job(cfg, layout)
     mesh = job.mesh
+    initial = job.full_state_dict() if layout.get("independent") else None  # one process: all weights
     losses, norms, lrs, identical, times, in_flight = [], [], [], [], [], []
     for step in range(1, cfg["steps"] + 1):
         record = layout["name"] in cfg.get("record", []) and step == 2
@@ -119,10 +120,23 @@ def run_layout(cfg, layout, recorder):
     inner = job.engine.engine.optimizer
     inner = getattr(inner, "optimizer", inner)  # ZeRO wraps the client torch optimizer
     opt_numel = sum(s["exp_avg"].numel() for s in inner.state.values() if "exp_avg" in s)
+    plain = _plain_reference(cfg, layout, job, initial) if initial is not None else None
     job.close()
     gathers = [None] * dist.get_world_size()  # per rank: weights still in flight after each step
     dist.all_gather_object(gathers, in_flight)
-    return {"ranks_hold": held, "weights_in_flight_after_step": gathers, "grad_buckets_and_issued_in_backward": overlaps, "grad_and_whole_numel": numels, "layers_per_rank": layers, "opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
+    if plain is not None:
+        torch.save(plain.pop("weights"), os.path.join(cfg["out"], f"{layout['name']}.plain.pt"))
+    return {"plain": plain, "ranks_hold": held, "weights_in_flight_after_step": gathers, "grad_buckets_and_issued_in_backward": overlaps, "grad_and_whole_numel": numels, "layers_per_rank": layers, "opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
+
+
+def _plain_reference(cfg, layout, job, initial: dict) -> dict:
+    """The same run in plain PyTorch (workers/plain_reference.py), from the same initial weights."""
+    from plain_reference import train_plain
+
+    o = job.optim
+    return train_plain(job.plan.model, initial, job.source, cfg["steps"], lr=o.lr, min_lr=o.min_lr,
+                       warmup=o.warmup_steps, total=o.total_steps, weight_decay=o.weight_decay,
+                       betas=(o.beta1, o.beta2), eps=o.eps, grad_clip=o.grad_clip, tied=job.tied)
 
 
 def main():
