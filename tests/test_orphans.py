@@ -8,11 +8,14 @@ run is said once, by the launching process, not by its ranks.
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 GONE_WITHIN_S = 30  # the issue's bound; measured 0.1 s (the kernel's signal, then reaping)
@@ -53,20 +56,22 @@ def _python(code: str, **env) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-c", code], env=dict(ENV, **env), stdout=subprocess.PIPE, text=True)
 
 
-def test_rank_dies_with_its_parent():
-    """Without torch: a "launcher" process starts a "rank" that asks for the parent-death signal,
-    then the launcher is SIGKILLed."""
-    rank = ("import time; from hybridpar.launcher_death import die_with_launcher; die_with_launcher(); "
-            "print('ready', flush=True); time.sleep(120)")
+@pytest.mark.parametrize("wrapped", [False, True], ids=["child", "under-a-shell"])
+def test_rank_dies_with_its_launcher(wrapped):
+    """Without torch: a "launcher" starts a "rank" (directly, or through a shell that stays between
+    them: then the rank polls the launcher's pid), then the launcher is SIGKILLed."""
+    rank = ("import os, time; from hybridpar.launcher_death import die_with_launcher; die_with_launcher(); "
+            "print(os.getpid(), flush=True); time.sleep(120)")
+    command = [sys.executable, "-c", rank]
+    if wrapped:
+        command = ["sh", "-c", " ".join(shlex.quote(word) for word in command) + "; true"]
     launcher = _python(
         "import os, subprocess, sys, time; "
-        f"child = subprocess.Popen([sys.executable, '-c', {rank!r}], start_new_session=True, "
-        "env=dict(os.environ, TORCHELASTIC_RUN_ID='t', HYBRIDPAR_LAUNCHER_PID=str(os.getpid()))); "
-        "print(child.pid, flush=True); time.sleep(120)")
-    child = int(launcher.stdout.readline())
+        f"subprocess.Popen({command!r}, start_new_session=True, "
+        "env=dict(os.environ, TORCHELASTIC_RUN_ID='t', HYBRIDPAR_LAUNCHER_PID=str(os.getpid()))); time.sleep(120)")
+    child = int(launcher.stdout.readline())  # printed once the rank has asked (its stdout is the launcher's)
     try:
-        assert launcher.stdout.readline() == "ready\n"  # the rank has asked (its stdout is the launcher's)
-        assert _stat(child), "the rank ended before its launcher"
+        assert _stat(child) and (_stat(child)[1] == launcher.pid) != wrapped
         launcher.kill()
         launcher.wait()
         _wait_for(lambda: _stat(child) is None, 10, "the rank outlived its launcher")
