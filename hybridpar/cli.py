@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
+import select
+import signal
 import sys
 
 from .errors import USER_ERRORS
+from .launcher_death import die_with_launcher
 
 from . import commands
 
@@ -42,6 +46,32 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    die_with_launcher()
+    try:
+        try:
+            code = _dispatch(argv)
+        except SystemExit:  # argparse's exits: its --help text may still sit in the buffer
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # here, where a closed pipe can still be answered
+        return code
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        # `hybridpar plan ... | head -1`: end quietly, with the status of a tool that SIGPIPE killed
+        # (128 + 13), as `cat` would; stdout goes to /dev/null so the exit flush cannot fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader is gone (a BrokenPipeError can also come from a socket)."""
+    poll = select.poll()
+    poll.register(sys.stdout.fileno(), select.POLLOUT)
+    return any(event & select.POLLERR for _, event in poll.poll(0))
+
+
+def _dispatch(argv) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     module = _module(args.command)

@@ -17,6 +17,8 @@ import sys
 import uuid
 from datetime import timedelta
 
+from .launcher_death import LAUNCHER_PID
+
 
 # megatron-core issues the backward TP collectives of its column-parallel linears async and
 # relies on one hardware queue per device so that a collective queued before a GEMM starts
@@ -24,6 +26,8 @@ from datetime import timedelta
 # overlap). Read when the CUDA context is created, so it is set before any device is touched
 # (init_distributed) and exported by the generated launch scripts (launch_scripts.py).
 GPU_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+# Set for the ranks of launch_local: the launching process checked the input and said what it found.
+INPUT_CHECKED = "HYBRIDPAR_INPUT_CHECKED"
 
 
 def under_launcher() -> bool:
@@ -93,6 +97,8 @@ def launch_local(nproc: int, argv: list[str], stop_grace_s: int = 600) -> int:
         shutdown_timeout=stop_grace_s,
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # the agent runs in this process (launcher_death.py)
+    os.environ[INPUT_CHECKED] = "1"
     try:
         elastic_launch(config, sys.executable)("-m", "hybridpar", *argv)
     except SignalException as err:
@@ -101,6 +107,8 @@ def launch_local(nproc: int, argv: list[str], stop_grace_s: int = 600) -> int:
         print(failure_summary(err.failures, nproc), file=sys.stderr, flush=True)
         first = root_cause(err.failures)[1]
         return first.exitcode if isinstance(first.exitcode, int) and first.exitcode > 0 else 1
+    finally:
+        del os.environ[LAUNCHER_PID], os.environ[INPUT_CHECKED]
     return 0
 
 

@@ -26,6 +26,8 @@ import os
 import socket
 import sys
 
+from .launcher_death import LAUNCHER_PID
+
 PROBE_TIMEOUT_S = 3.0
 EXIT_CODE = 1
 
@@ -124,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
+    os.environ[LAUNCHER_PID] = str(os.getpid())  # the ranks' parent (launcher_death.py)
     watch = None
     if args.rdzv_backend == "c10d" and args.rdzv_endpoint and not args.standalone:
         watch = _Watch(*parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400))

@@ -232,9 +232,15 @@ class Recipe:
         for key in ("warmup_steps", "lr_scale_base_batch", "seed"):
             if getattr(t, key) < 0:
                 out.append(f"train.{key} must be >= 0, got {getattr(t, key)}")
-        for key in ("lr", "min_lr", "weight_decay", "grad_clip", "eps"):
+        for key in ("min_lr", "weight_decay", "grad_clip", "eps"):
             if getattr(t, key) < 0:
                 out.append(f"train.{key} must be >= 0, got {getattr(t, key)}")
+        if t.lr <= 0:
+            out.append(f"train.lr must be > 0, got {t.lr}: the weights would never change")
+        elif t.min_lr > t.lr:
+            default = " (its default)" if t.min_lr == TrainSection.min_lr else ""
+            out.append(f"train.min_lr {t.min_lr:g}{default} is above train.lr {t.lr:g}: the cosine decay would "
+                       f"rise instead; set min_lr <= lr")
         if p.dp is not None and p.dp < 1:
             out.append(f"parallel.dp must be a positive integer, got {p.dp}")
         if p.tp > 0 and self.model.vocab % p.tp:
@@ -254,6 +260,15 @@ class Recipe:
             plan = self.to_plan_unresolved()
             out.extend(plan.violations())
         return out
+
+    def warnings(self) -> list[str]:
+        """Settings that are legitimate in a short trial but rarely meant in a real run."""
+        t = self.train
+        if t.warmup_steps > t.steps:
+            return [f"train.warmup_steps {t.warmup_steps} is longer than the run's {t.steps} steps: it ends during "
+                    f"warm-up at {t.steps / t.warmup_steps:.1%} of lr {t.lr:g} and never decays (fine for a short "
+                    f"trial; set warmup_steps below steps for a real run)"]
+        return []
 
     def to_plan_unresolved(self) -> Plan:
         """The Plan for validation only (precision 'auto' kept as fp32: no torch import)."""

@@ -1,6 +1,9 @@
 """Bad input, catalogued: every case is one line on stderr naming the problem, exit code 2,
-no traceback, nothing on stdout, nothing written, and no rank started (train validates first)."""
+no traceback, nothing on stdout, nothing written, and no rank started (train validates first);
+commands that do not train answer before torch, deepspeed or megatron is imported."""
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -32,6 +35,12 @@ FILES = {
     "badmlp.json": '{"layers": 2, "hidden": 64, "ffn_hidden": 128, "heads": 4, "kv_heads": 2, "vocab": 256, "mlp": "relu"}',
     "binary.yaml": b"\xff\xfe\x00garbage",
     "overpeak_gpu.yaml": "base: h100-80gb\ngemm_fraction: 1.2\n",
+    "lr0.yaml": "model: tiny\ntrain: {global_batch: 16, seq_len: 32, lr: 0}\n",
+    "lrneg.yaml": "model: tiny\ntrain: {global_batch: 16, seq_len: 32, lr: -1.0e-3}\n",
+    "minlr.yaml": "model: tiny\ntrain: {global_batch: 16, seq_len: 32, lr: 1.0e-3, min_lr: 1.0e-2}\n",
+    "minlr_default.yaml": "model: tiny\ntrain: {global_batch: 16, seq_len: 32, lr: 1.0e-5}\n",
+    "shortbin.yaml": "model: tiny\nparallel: {tp: 2, pp: 2}\ntrain: {global_batch: 16, seq_len: 32}\n"
+                     "data: {source: indexed, path: short}\n",
 }
 
 CASES = [
@@ -91,7 +100,29 @@ CASES = [
     ("data-missing-input", "data prepare nofile.txt --out x/y", "nofile.txt"),
     ("data-info-missing", "data info nowhere/prefix", "nowhere/prefix"),
     ("report-missing-run", "report nowhere", "nowhere"),
+    # schedules (train.warmup_steps longer than the run is a warning: test_orphans.py)
+    ("schedule-lr-zero", "train --recipe lr0.yaml", "train.lr must be > 0"),
+    ("schedule-lr-negative", "train --recipe lrneg.yaml", "train.lr must be > 0"),
+    ("schedule-min-lr-above-lr", "train --recipe minlr.yaml", "train.min_lr 0.01 is above train.lr 0.001"),
+    ("schedule-default-min-lr-above-lr", "train --recipe minlr_default.yaml", "min_lr 3e-05 (its default)"),
+    # prepared data that does not match its index (broken copies of a real `prepare`: see workdir)
+    ("train-bin-shorter-than-idx", "train --recipe shortbin.yaml --nproc 8", "short.bin is 260 bytes, but short.idx describes 131 uint16 tokens (262 bytes)"),
+    ("data-info-bin-shorter-than-idx", "data info short", "the .bin is truncated"),
+    ("data-info-bin-longer-than-idx", "data info long", "the .bin is longer"),
+    ("data-info-idx-truncated", "data info cutidx", "cutidx.idx is 58 bytes, but its header describes 2 sequences"),
+    ("data-info-not-an-index", "data info notidx", "not a megatron index"),
+    ("data-info-meta-disagrees", "data info othermeta", "says 132 tokens in 2 documents"),
+    ("data-info-meta-unreadable", "data info badmeta", "badmeta.meta.json is unreadable"),
 ]
+# Commands that must answer without the heavy stack (issue 16 §7).
+CHEAP = ("plan", "mesh", "launch", "report", "data")
+HEAVY = ("torch", "deepspeed", "megatron")
+
+
+def heavy_imports(importtime: str) -> list[str]:
+    """Top-level heavy packages in a `python -X importtime` report."""
+    names = (line.split("|")[-1].strip() for line in importtime.splitlines() if line.startswith("import time:"))
+    return sorted({n for n in names if n in HEAVY})
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +130,32 @@ def workdir(tmp_path_factory):
     d = tmp_path_factory.mktemp("bad_input")
     for name, text in FILES.items():
         (d / name).write_bytes(text if isinstance(text, bytes) else text.encode())
+    _broken_datasets(d)
     return d
+
+
+def _broken_datasets(d: Path) -> None:
+    """A real prepared dataset (2 documents, 131 byte tokens as uint16: a 262-byte .bin, an 82-byte
+    .idx), copied and broken in one way per copy."""
+    from hybridpar.data import ByteTokenizer, prepare
+
+    (d / "docs.txt").write_text("To be, or not to be, that is the question:\n" * 2 + "\n")
+    (d / "docs2.txt").write_text("Whether 'tis nobler in the mind to suffer\n")
+    prepare([str(d / "docs.txt"), str(d / "docs2.txt")], str(d / "good"), ByteTokenizer(), progress=False)
+
+    def copy(name, ext_edit=None):
+        for ext in (".bin", ".idx", ".meta.json"):
+            shutil.copy(d / f"good{ext}", d / f"{name}{ext}")
+        ext, edit = ext_edit
+        path = d / f"{name}{ext}"
+        path.write_bytes(edit(path.read_bytes()))
+
+    copy("short", (".bin", lambda b: b[:-2]))
+    copy("long", (".bin", lambda b: b + b"\0\0"))
+    copy("cutidx", (".idx", lambda b: b[:-24]))
+    copy("notidx", (".idx", lambda b: b"NOTANIDX" + b[8:]))
+    copy("othermeta", (".meta.json", lambda b: json.dumps(dict(json.loads(b), tokens=132)).encode()))
+    copy("badmeta", (".meta.json", lambda b: b[:-10]))
 
 
 def _snapshot(d: Path) -> dict:
@@ -110,15 +166,18 @@ def _snapshot(d: Path) -> dict:
 def test_bad_input(workdir, name, command, expected):
     before = _snapshot(workdir)
     env = dict(os.environ, HYBRIDPAR_DATA_DIR=str(workdir / "data-cache"))
-    res = subprocess.run([sys.executable, "-m", "hybridpar", *command.split()], cwd=workdir, env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
-    lines = res.stderr.strip().splitlines()
-    assert len(lines) == 1, res.stderr
-    assert "Traceback" not in res.stderr and lines[0].startswith("hybridpar")
+    res = subprocess.run([sys.executable, "-X", "importtime", "-m", "hybridpar", *command.split()], cwd=workdir,
+                         env=env, capture_output=True, text=True, timeout=120)
+    stderr = "".join(line for line in res.stderr.splitlines(True) if not line.startswith("import time:"))
+    assert res.returncode == 2, (res.returncode, res.stdout, stderr)
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert "Traceback" not in stderr and lines[0].startswith("hybridpar")
     assert expected in lines[0], lines[0]
     assert res.stdout == "", res.stdout  # nothing started: no rank printed its banner
     assert _snapshot(workdir) == before, "a failed command wrote files"
+    if command.split()[0] in CHEAP:
+        assert heavy_imports(res.stderr) == [], f"{command} imported {heavy_imports(res.stderr)} before answering"
 
 
 def test_catalogue_is_large():

@@ -1,4 +1,6 @@
 """The megatron GPTDataset source: real samples, deterministic in (seed, step), disjoint DP slices, exact resume."""
+import os
+
 import pytest
 import torch
 
@@ -112,6 +114,15 @@ def test_make_token_source_kinds(corpus, tmp_path):
     assert torch.equal(embedded.global_batch(9), again.global_batch(9))
     assert embedded.samples_per_epoch == (375_814 - 1) // SEQ
     assert len([f for f in tmp_path.iterdir() if f.suffix in (".bin", ".idx")]) == 2  # prepared once
+    (cached,) = tmp_path.glob("embedded-*.bin")
+    whole = cached.read_bytes()
+    damaged = tmp_path / "damaged"
+    damaged.write_bytes(whole[:1000])
+    os.replace(damaged, cached)  # a new file: the sources above keep their mappings of the old one
+    with pytest.raises(UsageError, match="the .bin is truncated"):
+        IndexedTokens(str(cached.with_suffix("")), SEQ, BATCH)
+    repaired = make_token_source("embedded", seq_len=SEQ, global_batch_size=BATCH, model_vocab=320, data_dir=str(tmp_path))
+    assert cached.read_bytes() == whole and torch.equal(repaired.global_batch(9), embedded.global_batch(9))
     with pytest.raises(UsageError, match="tokenizer/vocab mismatch"):
         make_token_source("embedded", seq_len=SEQ, global_batch_size=BATCH, model_vocab=256, data_dir=str(tmp_path))
     with pytest.raises(UsageError, match="unknown data source 'books'"):

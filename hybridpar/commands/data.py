@@ -42,7 +42,7 @@ def info(args) -> int:
     if not (os.path.isfile(args.prefix + ".bin") and os.path.isfile(args.prefix + ".idx")):
         raise UsageError(f"no {args.prefix}.bin/.idx: give the --out PREFIX of `hybridpar data prepare`")
     meta = read_meta(args.prefix)
-    counts = token_counts(args.prefix)
+    counts = token_counts(args.prefix)  # checks the .bin against the .idx first
     bits = entropy_bits(counts)
     print(f"{args.prefix}: {int(counts.sum())} tokens", end="")
     print(f", {meta.documents} documents, tokenizer {meta.tokenizer} (vocab {meta.vocab_size})" if meta else "")

@@ -90,7 +90,18 @@ def prepare(args):
 
     d = recipe.data
     check_data_source(d.source, model_vocab=recipe.model.vocab, path=d.path, tokenizer=d.tokenizer)
+    if _first_to_check():
+        for line in recipe.warnings():
+            print(f"hybridpar train: warning: {line}", file=sys.stderr, flush=True)
     return recipe, out, ckpt
+
+
+def _first_to_check() -> bool:
+    """Whether this process says what every process finds: the launching process, or rank 0 under
+    another launcher (the ranks that `--nproc` starts check again, quietly)."""
+    from ..launch import INPUT_CHECKED, under_launcher
+
+    return not under_launcher() or (os.environ.get("RANK") == "0" and INPUT_CHECKED not in os.environ)
 
 
 def _refuse_silent_cpu(recipe, args) -> None:

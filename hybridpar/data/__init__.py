@@ -13,26 +13,23 @@ Contract shared by every source (synthetic, embedded corpus, megatron indexed da
   of that replica takes the same slice, then splits it into micro-batches in order
   (``prefetch.BatchPrefetcher`` builds the next step's slice while this one trains).
 """
-from .batches import SyntheticTokens, TokenSource, replica_batch, replica_rows
-from .prefetch import BatchPrefetcher
-from .indexed import IndexedTokens
+import importlib
+
+# prepare and tokenizers import no torch; the rest are loaded on first use, so that `hybridpar
+# data` and train's pre-flight checks answer before torch and megatron are imported. (`prepare` is
+# bound here, not lazily: the submodule of the same name would shadow the function.)
 from .prepare import PreparedData, prepare
-from .sources import make_token_source
 from .tokenizers import ByteTokenizer, HFTokenizer, VocabMismatchError, check_vocab, load_tokenizer
 
-__all__ = [
-    "BatchPrefetcher",
-    "ByteTokenizer",
-    "HFTokenizer",
-    "IndexedTokens",
-    "PreparedData",
-    "SyntheticTokens",
-    "TokenSource",
-    "VocabMismatchError",
-    "check_vocab",
-    "load_tokenizer",
-    "make_token_source",
-    "prepare",
-    "replica_batch",
-    "replica_rows",
-]
+_HOME = {
+    "BatchPrefetcher": "prefetch", "IndexedTokens": "indexed", "SyntheticTokens": "batches",
+    "TokenSource": "batches", "make_token_source": "sources", "replica_batch": "batches", "replica_rows": "batches",
+}
+__all__ = sorted([*_HOME, "ByteTokenizer", "HFTokenizer", "PreparedData", "VocabMismatchError", "check_vocab",
+                  "load_tokenizer", "prepare"])
+
+
+def __getattr__(name):
+    if name not in _HOME:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{_HOME[name]}", __name__), name)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import os
 
+from ..errors import UsageError
+from .index_check import check_index
 from .prepare import PreparedData, prepare, read_meta
 from .tokenizers import Tokenizer
 
@@ -43,5 +45,9 @@ def ensure_embedded(tokenizer: Tokenizer, data_dir: str | None = None, progress:
     prefix = os.path.join(data_dir or default_data_dir(), f"embedded-{corpus_digest()}-{tag}")
     meta = read_meta(prefix)
     if meta is not None and os.path.exists(prefix + ".bin") and os.path.exists(prefix + ".idx"):
-        return meta
+        try:
+            check_index(prefix)
+            return meta
+        except UsageError:
+            pass  # a damaged copy (a full disk, a partial copy): prepared again below
     return prepare(corpus_files(), prefix, tokenizer, progress=progress)

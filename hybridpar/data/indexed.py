@@ -25,6 +25,7 @@ import numpy
 import torch
 
 from ..errors import UsageError
+from .index_check import check_index
 from .prepare import read_meta
 from .tokenizers import check_vocab, load_tokenizer
 
@@ -57,6 +58,7 @@ class IndexedTokens:
                 raise UsageError(
                     f"no indexed dataset at {prefix}: {prefix}{ext} is missing; run `hybridpar data prepare`"
                 )
+        check_index(prefix)
         meta = read_meta(prefix)
         if tokenizer is None and meta is None:
             raise UsageError(

@@ -1,14 +1,15 @@
 """Checks of a recipe's data section that need no process group: run before any rank starts.
 
 They catch, in the launching process, what building the source would otherwise report only
-after every rank has started: an unknown source, a missing .bin/.idx, a tokenizer whose ids
-do not fit the model's vocab.
+after every rank has started: an unknown source, a missing .bin/.idx, a .bin that does not match
+its .idx (index_check.py), a tokenizer whose ids do not fit the model's vocab.
 """
 from __future__ import annotations
 
 import os
 
 from ..errors import UsageError
+from .index_check import check_index
 from .prepare import read_meta
 from .sources import KINDS
 from .tokenizers import BYTE, check_vocab, load_tokenizer
@@ -28,6 +29,7 @@ def check_data_source(kind: str, *, model_vocab: int, path: str | None = None, t
     for ext in (".bin", ".idx"):
         if not os.path.isfile(path + ext):
             raise UsageError(f"no indexed dataset at {path}: {path}{ext} is missing; run `hybridpar data prepare`")
+    check_index(path)
     meta = read_meta(path)
     if tokenizer:
         tok = load_tokenizer(tokenizer)

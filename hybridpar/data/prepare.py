@@ -43,6 +43,8 @@ def read_meta(prefix: str) -> PreparedData | None:
             return PreparedData(**json.load(f))
     except FileNotFoundError:
         return None
+    except (ValueError, TypeError) as err:  # not JSON, or not the fields written by prepare
+        raise UsageError(f"{meta_path(prefix)} is unreadable ({err}); prepare the data again") from None
 
 
 def iter_documents(path: str, json_key: str = "text") -> Iterator[tuple[str, int]]:

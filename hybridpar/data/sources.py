@@ -1,9 +1,13 @@
 """``make_token_source``: the one call a recipe or the trainer makes to get its batches."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import UsageError
-from .batches import SyntheticTokens, TokenSource
 from .tokenizers import check_vocab, load_tokenizer
+
+if TYPE_CHECKING:
+    from .batches import TokenSource
 
 KINDS = ("synthetic", "embedded", "indexed")
 
@@ -31,6 +35,8 @@ def make_token_source(
     (kinds "embedded" and "indexed"): call it on every rank.
     """
     if kind == "synthetic":
+        from .batches import SyntheticTokens
+
         return SyntheticTokens(seq_len=seq_len, global_batch_size=global_batch_size, vocab_size=model_vocab, seed=seed)
     from .indexed import IndexedTokens
 

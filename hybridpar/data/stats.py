@@ -6,21 +6,16 @@ import math
 
 import numpy
 
-from ._megatron import import_megatron
+from .index_check import check_index
 
 
 def token_counts(prefix: str) -> numpy.ndarray:
-    """How often each token id occurs in PREFIX.bin (end-of-document tokens included)."""
-    dataset = import_megatron("megatron.core.datasets.indexed_dataset").IndexedDataset(prefix)
-    counts = numpy.zeros(0, dtype=numpy.int64)
-    for i in range(len(dataset)):
-        doc = numpy.bincount(numpy.asarray(dataset[i], dtype=numpy.int64))
-        if doc.size > counts.size:
-            doc[: counts.size] += counts
-            counts = doc
-        else:
-            counts[: doc.size] += doc
-    return counts
+    """How often each token id occurs in PREFIX.bin (end-of-document tokens included); the pair
+    is checked first (index_check.py), then the .bin is read as one flat array of its dtype."""
+    summary = check_index(prefix)
+    if summary.tokens == 0:
+        return numpy.zeros(0, dtype=numpy.int64)
+    return numpy.bincount(numpy.memmap(prefix + ".bin", dtype=summary.dtype, mode="r"))
 
 
 def unigram_entropy_bits(prefix: str) -> float:

@@ -1,0 +1,60 @@
+"""Ranks die with their launcher, however it dies (SIGKILL, the OOM killer, a lost terminal).
+
+torch's elastic agent (``hybridpar train --nproc``, torchrun, node_agent.py) starts each rank in a
+session of its own (``start_new_session``), so nothing that kills the agent abruptly reaches the
+ranks: they would train on, unsupervised, until killed by hand. A rank it started (it sets
+TORCHELASTIC_RUN_ID) therefore asks the kernel for SIGKILL when its parent, the agent, exits
+(Linux ``prctl(PR_SET_PDEATHSIG)``); elsewhere, or under a wrapper between agent and rank, a
+thread polls the agent's pid.
+
+SIGKILL, not a signal to catch: the agent also hosts the ranks' TCP store, so a graceful stop
+could wait on a dead store or on a peer that died first; checkpoints are written
+temp-then-rename, so a rank killed during a save leaves the previous checkpoint loadable.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+
+LAUNCHER_PID = "HYBRIDPAR_LAUNCHER_PID"  # the agent's pid, set by the agents hybridpar runs
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_launcher() -> None:
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return  # not started by an elastic agent: SLURM's srun or a user's shell supervises it
+    # Without LAUNCHER_PID (plain torchrun) the parent now is taken as the agent.
+    launcher = int(os.environ.get(LAUNCHER_PID) or os.getppid())
+    if os.getppid() == launcher and sys.platform.startswith("linux") and _parent_death_signal(signal.SIGKILL):
+        if os.getppid() != launcher:  # the agent died before the kernel was asked to tell
+            os.kill(os.getpid(), signal.SIGKILL)
+        return
+    # Off Linux, or a wrapper (a shell) between the agent and this rank: watch the agent's pid.
+    if not _alive(launcher):
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=_watch, args=(launcher,), name="hybridpar-launcher-watch", daemon=True).start()
+
+
+def _parent_death_signal(sig: int) -> bool:
+    libc = ctypes.CDLL(None, use_errno=True)
+    return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watch(launcher: int) -> None:
+    while _alive(launcher):
+        time.sleep(1.0)
+    os.kill(os.getpid(), signal.SIGKILL)
