@@ -62,7 +62,7 @@ def worker(out: str, rounds: int, steps: int, save_every: int) -> None:
                 for _ in range(steps):
                     step += 1
                     start = time.perf_counter()
-                    m = job.train_step(step, save_written=hook.save_written() if hook else None)
+                    m = job.train_step(step, save_written=hook.save_written if hook else None)
                     if hook:
                         hook.on_step(job, m)
                     times[mode].append(time.perf_counter() - start)

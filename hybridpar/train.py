@@ -97,10 +97,11 @@ class Job:
     def replica_batches(self, step: int) -> list[torch.Tensor]:
         return micro_batches(self.batches.rows(step), self.plan.micro_batch)
 
-    def train_step(self, step: int, stop=None, save_written: bool | None = None) -> StepMetrics:
+    def train_step(self, step: int, stop=None, save_written=None) -> StepMetrics:
         """One optimizer step. ``stop`` (stopping.StopConditions): this rank's reason to stop, read
         as the step ends and agreed over the world in the step's loss all-reduce; so is
-        ``save_written`` (this rank's background checkpoint file is on disk; None: none pending)."""
+        ``save_written()`` (whether this rank's background checkpoint file is on disk; None: no
+        save in flight), asked at the same moment, so a file written during the step counts."""
         start = time.perf_counter()
         lr = lr_at(step, self.optim, self.plan.global_batch)
         loss = forward_backward(self._chunks, self.mesh, self.replica_batches(step), self.plan.seq_len)
@@ -109,7 +110,7 @@ class Job:
         norm = self.engine.step(lr)
         self.engine.zero_grad()
         mean_loss, agreed, written = self._global_loss_and_agreements(
-            loss, stop.local_code(step) if stop else 0, save_written)
+            loss, stop.local_code(step) if stop else 0, save_written() if save_written else None)
         elapsed = time.perf_counter() - start
         tokens = self.plan.global_batch * self.plan.seq_len
         return StepMetrics(step, mean_loss, norm, lr, elapsed, tokens / elapsed if elapsed > 0 else 0.0, agreed, written)
@@ -198,6 +199,12 @@ def format_step(m: StepMetrics, total: int) -> str:
     )
 
 
+def _all_written(hooks) -> bool | None:
+    """This rank's vote on the checkpoint in flight: None when no hook has one."""
+    votes = [v for v in (h.save_written() for h in hooks if hasattr(h, "save_written")) if v is not None]
+    return all(votes) if votes else None
+
+
 @dataclass
 class TrainOutcome:
     history: list  # StepMetrics of the steps this run trained
@@ -228,8 +235,7 @@ def train(recipe, out_dir: str | None, hooks=(), print_fn=print, stop=None) -> T
         for hook in hooks:
             if hasattr(hook, "on_step_begin"):
                 hook.on_step_begin(job, step)
-        votes = [v for v in (h.save_written() for h in hooks if hasattr(h, "save_written")) if v is not None]
-        m = job.train_step(step, stop, all(votes) if votes else None)
+        m = job.train_step(step, stop, lambda: _all_written(hooks))
         outcome.history.append(m)
         record, line = asdict(m), format_step(m, recipe.train.steps)
         record.pop("stop"), record.pop("saves_written")

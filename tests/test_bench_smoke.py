@@ -61,9 +61,14 @@ def test_runtime_bytes_match_the_counts_recorded_on_tiny_tp2_pp2_dp2():
 
 
 @pytest.mark.parametrize("sp", [False, True])
-def test_cost_model_bytes_give_back_cost_py_seconds(sp):
+def test_cost_model_bytes_give_back_cost_py_seconds(sp, monkeypatch):
     """The bytes are the planner's: divided by the link bandwidth they are step_cost's terms
-    (nothing overlapped); with megatron-core's async backward TP collectives, less is exposed."""
+    (nothing overlapped; NCCL's per-call latency, which carries no bytes, set to zero here); with
+    megatron-core's async backward TP collectives, less is exposed."""
+    from topology import cost as cost_module
+
+    monkeypatch.setattr(cost_module, "NCCL_BASE_LAT_S", 0.0)
+    monkeypatch.setattr(cost_module, "NCCL_HOP_LAT_S", {"nvlink": 0.0, "network": 0.0})
     sw = replace(HYBRIDPAR, overlap_grad_reduce=False, overlap_param_gather=False, tp_bwd_overlap=False)
     plan = Plan(model=load_model("llama3-8b"), seq_len=8192, global_batch=32, tp=2, pp=2, dp=2, micro_batch=1,
                 zero_stage=1, sequence_parallel=sp)
@@ -191,6 +196,8 @@ BAD_BENCH_INVOCATIONS = [
     ("planner_speed", ["--repeats", "0"]), ("planner_speed", ["--bogus"]),
     ("kernels", ["--out", "gpu.json"]), ("kernels", ["--out", "no/such/folder/gpu.yaml"]),
     ("kernels", ["--sizes", "4096,0"]), ("kernels", ["--sizes", "4k"]), ("kernels", ["--seconds", "0"]), ("kernels", ["--soak", "-1"]),
+    ("init", ["--gpus", "0"]), ("init", ["--recipe", "no/such.yaml"]), ("init", ["--gpus", "7"]),
+    ("async_save", ["--nproc", "0"]), ("async_save", ["--save-every", "x"]),
 ]
 
 

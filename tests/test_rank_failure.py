@@ -89,10 +89,13 @@ def runs(tmp_path_factory):
     from hybridpar.checkpoint import resolve
 
     resolved_a = resolve(str(ckpt))
+    # A is killed while its step-4 file is written in the background; B and C save in place
+    # (--sync-save), so that B's step 4 is committed before its kill in step 6 however slow the disk.
     b = train(base / "B", "flip:rank=6:step=5;kill-in-step:rank=5:step=6", "--save-dir", str(ckpt), "--resume", str(ckpt),
-              "--check-replicas", "1", "--on-drift", "warn")
+              "--check-replicas", "1", "--on-drift", "warn", "--sync-save")
     after_b = sorted(n for n in os.listdir(ckpt) if not n.startswith('.')), (ckpt / "latest").read_text().strip()
-    c = train(base / "C", "flip:rank=6:step=6", "--save-dir", str(ckpt), "--resume", str(ckpt), "--check-replicas", "2")
+    c = train(base / "C", "flip:rank=6:step=6", "--save-dir", str(ckpt), "--resume", str(ckpt), "--check-replicas", "2",
+              "--sync-save")
     return {"ckpt": ckpt, "A": a, "B": b, "C": c, "after_a": after_a, "partial": partial, "latest_a": latest_a, "resolved_a": resolved_a, "after_b": after_b, "after_c": sorted(n for n in os.listdir(ckpt) if not n.startswith('.'))}
 
 
