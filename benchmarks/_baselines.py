@@ -36,7 +36,7 @@ def _rows(source, plan, dp_rank: int, step: int, device) -> list[torch.Tensor]:
 
 class DDPLoop:
     def __init__(self, job, lr: float = 1e-3):
-        from hybridpar.model import ModelOptions, build_model
+        from hybridpar.runtime.model import ModelOptions, build_model
 
         plan = job.plan
         self.plan, self.source, self.dp_rank = plan, job.source, dist.get_rank()
@@ -90,8 +90,8 @@ class HandLoop:
         import deepspeed
         from megatron.core import parallel_state as ps
 
-        from hybridpar.engine import deepspeed_config, param_groups
-        from hybridpar.model import ModelOptions, build_model
+        from hybridpar.zero.engine import deepspeed_config, param_groups
+        from hybridpar.runtime.model import ModelOptions, build_model
 
         plan = job.plan
         self.plan, self.source = plan, job.source

@@ -100,7 +100,7 @@ def check_fits_in_memory(parser: argparse.ArgumentParser, model: str, copies: in
     """``parser.error`` unless ``copies`` whole training copies of ``model`` (summed over the
     benchmark's ranks and variants) fit in half of this machine's RAM: a model for GPUs (llama3-8b)
     would otherwise be launched on CPU ranks and killed for memory minutes later."""
-    from topology.models import ModelSpecError, load_model
+    from hybridpar.topology.models import ModelSpecError, load_model
 
     try:
         spec = load_model(model)

@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._cli import nonnegative_float, positive_float
+from hybridpar.benchmarks._cli import nonnegative_float, positive_float
 
 ROOT = Path(__file__).resolve().parents[1]
 

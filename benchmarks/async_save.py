@@ -16,15 +16,15 @@ import sys
 import tempfile
 import time
 
-from benchmarks._cli import BenchParser, positive_int
-from benchmarks._dist import finish_worker, torchrun
-from benchmarks.results_io import write_result
+from hybridpar.benchmarks._cli import BenchParser, positive_int
+from hybridpar.benchmarks._dist import finish_worker, torchrun
+from hybridpar.benchmarks.results_io import write_result
 
 MODES = ("none", "sync", "async")
 
 
 def _model():
-    from topology.models import ModelSpec
+    from hybridpar.topology.models import ModelSpec
 
     return ModelSpec(layers=8, hidden=768, ffn_hidden=2048, heads=12, kv_heads=4, vocab=320, name="bench-50m")
 
@@ -34,10 +34,10 @@ def worker(out: str, rounds: int, steps: int, save_every: int) -> None:
 
     from hybridpar.checkpoint.hook import CheckpointConfig, Checkpointer
     from hybridpar.data import SyntheticTokens
-    from hybridpar.engine import OptimConfig
-    from hybridpar.launch import init_distributed
-    from hybridpar.train import Job
-    from topology.plan import Plan
+    from hybridpar.zero.engine import OptimConfig
+    from hybridpar.launch.local import init_distributed
+    from hybridpar.runtime.train import Job
+    from hybridpar.topology.plan import Plan
 
     init_distributed()
     world = dist.get_world_size()
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
     if args.worker:
         worker(args.worker, args.rounds, args.steps, args.save_every)
         return 0
-    result = torchrun("benchmarks.async_save", args.nproc,
+    result = torchrun("hybridpar.benchmarks.async_save", args.nproc,
                       ["--rounds", str(args.rounds), "--steps", str(args.steps), "--save-every", str(args.save_every)],
                       timeout_s=3600)
     medians = {m: statistics.median(t) for m, t in result["times"].items()}

@@ -18,14 +18,14 @@ import sys
 
 from dataclasses import replace
 
-from topology.software import HYBRIDPAR, Software
-from topology.stages import params_per_rank
-from topology.traffic import cost_model_bytes, dp_ring_lower_bound, runtime_bytes
+from hybridpar.topology.software import HYBRIDPAR, Software
+from hybridpar.topology.stages import params_per_rank
+from hybridpar.topology.traffic import cost_model_bytes, dp_ring_lower_bound, runtime_bytes
 
-from benchmarks import _dist
-from benchmarks._cli import BenchParser, check_fits_in_memory, positive_float, positive_int
-from benchmarks._jobs import Layout, make_job, make_plan
-from benchmarks.results_io import RESULTS_DIR, replacing, write_result
+from hybridpar.benchmarks import _dist
+from hybridpar.benchmarks._cli import BenchParser, check_fits_in_memory, positive_float, positive_int
+from hybridpar.benchmarks._jobs import Layout, make_job, make_plan
+from hybridpar.benchmarks.results_io import RESULTS_DIR, replacing, write_result
 
 DEFAULT_LAYOUTS = ("tp2_pp2_dp2_z1,tp2_pp2_dp2_z0,tp2_pp2_dp2_z2,tp2_pp2_dp2_z1_sp,tp2_pp2_dp2_z1_after,"
                    "dp8_z0,dp8_z1,dp8_z1_after,pp4_dp2_z1,cp2_pp2_dp2_z1,cp4_dp2_z1")
@@ -37,8 +37,8 @@ DTYPE_BYTES = 4  # fp32 on CPU; DeepSpeed reduces in fp32 (hybridpar's communica
 def worker(out: str, layouts: list[str], model: str) -> None:
     import torch.distributed as dist
 
-    from hybridpar.comm_trace import Recorder, summarize
-    from hybridpar.launch import init_distributed
+    from hybridpar.observe.comm_trace import Recorder, summarize
+    from hybridpar.launch.local import init_distributed
 
     _dist.quiet_worker_env()
     init_distributed()
@@ -102,7 +102,7 @@ def analyse(name: str, ranks: list[dict], model: str) -> list[dict]:
 
 
 def _stage_of(plan, pp_rank):
-    from topology.traffic import _stage
+    from hybridpar.topology.traffic import _stage
 
     return _stage(plan, pp_rank)
 
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
         worker(args.worker, layouts, args.model)
         return 0
     load = _dist.loadavg()
-    raw = _dist.torchrun("benchmarks.comm", args.nproc, ["--layouts", args.layouts, "--model", args.model], args.timeout)
+    raw = _dist.torchrun("hybridpar.benchmarks.comm", args.nproc, ["--layouts", args.layouts, "--model", args.model], args.timeout)
     rows = [row for name in layouts for row in analyse(name, raw[name], args.model)]
     print_table(rows)
     cmd = "hybridpar bench comm " + " ".join(a for a in (argv or []))

@@ -18,14 +18,14 @@ import statistics
 import sys
 import time
 
-from topology.cost import model_flops_per_seq, step_cost
-from topology.hardware import catalogue_for_device, get_gpu
-from topology.models import ModelSpec
-from topology.plan import Plan
-from topology.software import HYBRIDPAR, MEGATRON_CORE
+from hybridpar.topology.cost import model_flops_per_seq, step_cost
+from hybridpar.topology.hardware import catalogue_for_device, get_gpu
+from hybridpar.topology.models import ModelSpec
+from hybridpar.topology.plan import Plan
+from hybridpar.topology.software import HYBRIDPAR, MEGATRON_CORE
 
-from benchmarks._cli import BenchParser, nonnegative_int, positive_int
-from benchmarks.results_io import write_result
+from hybridpar.benchmarks._cli import BenchParser, nonnegative_int, positive_int
+from hybridpar.benchmarks.results_io import write_result
 
 MODEL = ModelSpec(layers=20, hidden=2048, ffn_hidden=5632, heads=16, kv_heads=8, vocab=32000, name="llama-1b")
 # The planner's profile of hybridpar's runtime (topology/software.py HYBRIDPAR: torch SDPA
@@ -69,9 +69,9 @@ def main(argv=None) -> int:
         print("hybridpar bench gpu: no CUDA GPU here; run it on a machine with one GPU", file=sys.stderr)
         return 2
     from hybridpar.data import SyntheticTokens
-    from hybridpar.engine import OptimConfig
-    from hybridpar.launch import init_distributed, shutdown
-    from hybridpar.train import Job
+    from hybridpar.zero.engine import OptimConfig
+    from hybridpar.launch.local import init_distributed, shutdown
+    from hybridpar.runtime.train import Job
 
     init_distributed()
     try:

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from benchmarks._cli import BenchParser, positive_int
-from benchmarks.results_io import write_result
+from hybridpar.benchmarks._cli import BenchParser, positive_int
+from hybridpar.benchmarks.results_io import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=positive_int, default=3)
     args = p.parse_args(argv)
     from hybridpar.errors import UsageError
-    from hybridpar.recipe import load_recipe
+    from hybridpar.config.recipe import load_recipe
 
     try:
         plan = load_recipe(args.recipe).validate(args.gpus).to_plan_unresolved()
@@ -70,9 +70,9 @@ def main(argv=None) -> int:
         p.error(str(err))
     import torch
 
-    from hybridpar.canonical_init import fill_normal_
-    from hybridpar.model import shard_positions
-    from topology.stages import stages
+    from hybridpar.runtime.canonical_init import fill_normal_
+    from hybridpar.runtime.model import shard_positions
+    from hybridpar.topology.stages import stages
 
     torch.set_num_threads(1)  # one rank's share of a node's cores, as the replaced init ran
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")

@@ -26,11 +26,11 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from topology.cost import FLASH_BACKWARD_RATIO, causal_attention_flops
-from topology.hardware import get_gpu
+from hybridpar.topology.cost import FLASH_BACKWARD_RATIO, causal_attention_flops
+from hybridpar.topology.hardware import get_gpu
 
-from benchmarks._cli import BenchParser, int_list, positive_float, positive_int
-from benchmarks.results_io import replacing, write_result
+from hybridpar.benchmarks._cli import BenchParser, int_list, positive_float, positive_int
+from hybridpar.benchmarks.results_io import replacing, write_result
 
 DEFAULT_SIZES = (4096, 8192, 12288, 16384)
 
@@ -140,7 +140,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("hybridpar bench kernels: no CUDA GPU here; run it on the GPU to measure", file=sys.stderr)
         return 2
-    from benchmarks.gpu import catalogue_name
+    from hybridpar.benchmarks.gpu import catalogue_name
 
     props = torch.cuda.get_device_properties(0)
     base = catalogue_name(props.name, props.total_memory / 2**30)

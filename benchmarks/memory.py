@@ -19,14 +19,14 @@ import argparse
 import csv
 import sys
 
-from topology.memory import model_state_bytes
-from topology.models import ModelSpec
-from topology.software import HYBRIDPAR
+from hybridpar.topology.memory import model_state_bytes
+from hybridpar.topology.models import ModelSpec
+from hybridpar.topology.software import HYBRIDPAR
 
-from benchmarks import _dist
-from benchmarks._cli import BenchParser, int_list, positive_float
-from benchmarks._jobs import Layout, make_job, make_plan
-from benchmarks.results_io import RESULTS_DIR, replacing, write_result
+from hybridpar.benchmarks import _dist
+from hybridpar.benchmarks._cli import BenchParser, int_list, positive_float
+from hybridpar.benchmarks._jobs import Layout, make_job, make_plan
+from hybridpar.benchmarks.results_io import RESULTS_DIR, replacing, write_result
 
 MODEL = ModelSpec(layers=4, hidden=256, ffn_hidden=704, heads=4, kv_heads=2, vocab=8192, name="mem-7m")
 MB = 1024 * 1024
@@ -93,7 +93,7 @@ def worker(out: str, dp: int, zeros: list[int]) -> None:
 
     import torch.distributed as dist
 
-    from hybridpar.launch import init_distributed
+    from hybridpar.launch.local import init_distributed
 
     _dist.quiet_worker_env()
     init_distributed()
@@ -138,7 +138,7 @@ def main(argv=None) -> int:
         return 0
     load, rows = _dist.loadavg(), []
     for dp in dps:
-        raw = _dist.torchrun("benchmarks.memory", dp, ["--dp", str(dp), "--zero", args.zero], args.timeout)
+        raw = _dist.torchrun("hybridpar.benchmarks.memory", dp, ["--dp", str(dp), "--zero", args.zero], args.timeout)
         for z in zeros:
             r0 = raw[str(z)][0]
             model = planner_rows(r0["n_params"], dp, z)

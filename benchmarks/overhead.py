@@ -20,10 +20,10 @@ import pstats
 import sys
 import time
 
-from benchmarks import _dist
-from benchmarks._cli import BenchParser, check_fits_in_memory, int_list, nonnegative_int, positive_int
-from benchmarks._jobs import Layout, make_job, make_plan
-from benchmarks.results_io import write_result
+from hybridpar.benchmarks import _dist
+from hybridpar.benchmarks._cli import BenchParser, check_fits_in_memory, int_list, nonnegative_int, positive_int
+from hybridpar.benchmarks._jobs import Layout, make_job, make_plan
+from hybridpar.benchmarks.results_io import write_result
 
 TARGET = {"ddp": 1.10, "hand": 1.05}
 WORLDS = (2, 4, 8)  # 2 and 4: DP only (vs DDP); 8: TP2 x PP2 x DP2 (vs megatron + DeepSpeed by hand)
@@ -39,7 +39,7 @@ def variant_layouts(world: int) -> list[Layout]:
 
 
 def build_variants(world: int, steps: int, model: str = "tiny") -> dict:
-    from benchmarks._baselines import DDPLoop, HandLoop
+    from hybridpar.benchmarks._baselines import DDPLoop, HandLoop
 
     layouts = variant_layouts(world)
     if world == 8:
@@ -75,7 +75,7 @@ def profile(fn, first_step: int, n: int) -> dict:
 def worker(out: str, world: int, rounds: int, steps: int, warmup: int, profile_steps: int, model: str) -> None:
     import torch.distributed as dist
 
-    from hybridpar.launch import init_distributed
+    from hybridpar.launch.local import init_distributed
 
     _dist.quiet_worker_env()
     init_distributed()
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     results = {}
     for world in worlds:
         load = _dist.wait_for_quiet(args.max_load, args.max_wait)
-        raw = _dist.torchrun("benchmarks.overhead", world,
+        raw = _dist.torchrun("hybridpar.benchmarks.overhead", world,
                              ["--world", str(world), "--rounds", str(args.rounds), "--steps", str(args.steps),
                               "--warmup", str(args.warmup), "--profile-steps", str(args.profile_steps),
                               "--model", args.model], args.timeout)

@@ -1,7 +1,7 @@
 """Whole-process wall time of `hybridpar plan` (full search, interpreter start included) for
 8 to 16,384 GPUs; median of repeats. Writes benchmarks/results/planner_speed.json.
 
-    hybridpar bench planner_speed [--repeats 5]   (or: python -m benchmarks.planner_speed)
+    hybridpar bench planner_speed [--repeats 5]   (or: python -m hybridpar.benchmarks.planner_speed)
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks._cli import BenchParser, positive_int
-from benchmarks.results_io import write_result
+from hybridpar.benchmarks._cli import BenchParser, positive_int
+from hybridpar.benchmarks.results_io import write_result
 
 REPO = Path(__file__).resolve().parents[1]
 GPUS = (8, 64, 512, 4096, 16384)

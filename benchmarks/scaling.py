@@ -6,7 +6,7 @@ layout, tokens/s, MFU, bubble share and each communication axis' share of the st
   strong: fixed global batch of 2,048 x 8,192 = 16M tokens (Llama 3's, the recipes' default).
 The two meet at 1,024 GPUs. Writes benchmarks/results/scaling.{csv,json} and scaling_*.png.
 
-    .venv/bin/python -m benchmarks.scaling [--models llama3-8b,...] [--max-gpus 16384]
+    .venv/bin/python -m hybridpar.benchmarks.scaling [--models llama3-8b,...] [--max-gpus 16384]
 """
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import csv
 import sys
 import time
 
-from topology.models import PRESETS
-from topology.plan import PlanError
-from topology.search import Request, search
+from hybridpar.topology.models import PRESETS
+from hybridpar.topology.plan import PlanError
+from hybridpar.topology.search import Request, search
 
 from ._cli import BenchParser, positive_int
 from .results_io import RESULTS_DIR, replacing, write_result
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
         writer.writerows(rows)
     charts = plot(rows, models)
     elapsed = time.perf_counter() - start
-    command = " ".join(["python -m benchmarks.scaling", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["python -m hybridpar.benchmarks.scaling", *(argv if argv is not None else sys.argv[1:])])
     write_result("scaling", {"seq_len": SEQ, "strong_global_batch": STRONG_BATCH,
                              "weak_seqs_per_gpu": WEAK_SEQS_PER_GPU, "elapsed_s": round(elapsed, 1),
                              "charts": charts, "rows": rows}, command)

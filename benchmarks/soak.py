@@ -1,6 +1,6 @@
 """Soak: tiny recipe on 8 CPU ranks, checkpoints every 50 steps, a rank SIGKILLed or the job SIGTERMed, and resumed, every 200.
 
-    .venv/bin/python -m benchmarks.soak [--steps 1000] [--save-every 50] [--kill-every 200] [--nproc 8]
+    .venv/bin/python -m hybridpar.benchmarks.soak [--steps 1000] [--save-every 50] [--kill-every 200] [--nproc 8]
     .venv/bin/hybridpar bench soak --steps 400 --kill-every 100      # a shorter configuration
 
 Two runs of the same recipe and --steps: an uninterrupted reference, and the soak run, which is
@@ -27,8 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks._cli import BenchParser, positive_int
-from benchmarks.results_io import write_result
+from hybridpar.benchmarks._cli import BenchParser, positive_int
+from hybridpar.benchmarks.results_io import write_result
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "recipes" / "tiny.yaml"

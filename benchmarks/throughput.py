@@ -15,10 +15,10 @@ import os
 import sys
 import time
 
-from benchmarks import _dist
-from benchmarks._cli import BenchParser, int_list, nonnegative_int, positive_int
-from benchmarks._jobs import Layout, make_job, make_plan
-from benchmarks.results_io import write_result
+from hybridpar.benchmarks import _dist
+from hybridpar.benchmarks._cli import BenchParser, int_list, nonnegative_int, positive_int
+from hybridpar.benchmarks._jobs import Layout, make_job, make_plan
+from hybridpar.benchmarks.results_io import write_result
 
 GLOBAL_BATCH, SEQ, MICRO = 16, 32, 2
 DP_SIZES = (1, 2, 4, 8)  # the 8 micro-batches of 2 sequences split evenly over these
@@ -27,7 +27,7 @@ DP_SIZES = (1, 2, 4, 8)  # the 8 micro-batches of 2 sequences split evenly over 
 def worker(out: str, dp: int, steps: int, warmup: int) -> None:
     import torch.distributed as dist
 
-    from hybridpar.launch import init_distributed
+    from hybridpar.launch.local import init_distributed
 
     _dist.quiet_worker_env()
     init_distributed()
@@ -64,7 +64,7 @@ def main(argv=None) -> int:
     rows = []
     for dp in dps:
         load = _dist.wait_for_quiet(args.max_load, args.max_wait)
-        raw = _dist.torchrun("benchmarks.throughput", dp, ["--dp", str(dp), "--steps", str(args.steps),
+        raw = _dist.torchrun("hybridpar.benchmarks.throughput", dp, ["--dp", str(dp), "--steps", str(args.steps),
                                                           "--warmup", str(args.warmup)], args.timeout)
         wall = _dist.spread(raw[0]["wall"])
         cpu_per_rank = [_dist.spread(r["cpu"])["median"] for r in raw]

@@ -1,7 +1,7 @@
 """Errors that the command line reports as one line with exit code 2 (no traceback)."""
-from topology.layout import LayoutError
-from topology.models import ModelSpecError
-from topology.plan import PlanError
+from hybridpar.topology.layout import LayoutError
+from hybridpar.topology.models import ModelSpecError
+from hybridpar.topology.plan import PlanError
 
 
 class UsageError(ValueError):

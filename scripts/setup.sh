@@ -45,6 +45,6 @@ fi
 pip_install -r requirements.txt
 # Checked from / so that the repository's own folders do not stand in for the installed packages.
 root=$PWD
-if ! { [ -x .venv/bin/hybridpar ] && (cd / && "$root/$PY" -c "import hybridpar, topology, benchmarks") >/dev/null 2>&1; }; then
+if ! { [ -x .venv/bin/hybridpar ] && (cd / && "$root/$PY" -c "import hybridpar.topology, hybridpar.benchmarks.cli") >/dev/null 2>&1; }; then
     pip_install --no-deps -e .
 fi

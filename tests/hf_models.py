@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import torch
 
-from topology.models import PRESETS
+from hybridpar.topology.models import PRESETS
 
 TINY = PRESETS["tiny"]  # 4 layers, hidden 64, ffn 176, 4 heads / 2 KV heads (GQA), vocab 320
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from topology.memory import layer_activation_bytes
-from topology.models import PRESETS
-from topology.plan import Plan
-from topology.software import HYBRIDPAR
+from hybridpar.topology.memory import layer_activation_bytes
+from hybridpar.topology.models import PRESETS
+from hybridpar.topology.plan import Plan
+from hybridpar.topology.software import HYBRIDPAR
 
 ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = 0.005

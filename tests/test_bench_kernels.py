@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks.kernels import attention_tflops, fraction, gpu_file_text, matmul_tflops, seconds_per_call, sweep
-from topology.cost import FLASH_BACKWARD_RATIO, causal_attention_flops, layer_time
-from topology.hardware import get_gpu, load_gpu
-from topology.models import load_model
-from topology.software import HYBRIDPAR
+from hybridpar.benchmarks.kernels import attention_tflops, fraction, gpu_file_text, matmul_tflops, seconds_per_call, sweep
+from hybridpar.topology.cost import FLASH_BACKWARD_RATIO, causal_attention_flops, layer_time
+from hybridpar.topology.hardware import get_gpu, load_gpu
+from hybridpar.topology.models import load_model
+from hybridpar.topology.software import HYBRIDPAR
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -54,7 +54,7 @@ def test_attention_is_counted_as_the_planner_counts_it(monkeypatch):
     """The measured attention rate uses the planner's causal FLOPs (half the square) and backward
     ratio, so a fraction measured this way, put in a GPU file, gives back the measured time in
     cost.layer_time's attention term."""
-    import benchmarks.kernels as kernels
+    import hybridpar.benchmarks.kernels as kernels
 
     monkeypatch.setattr(kernels, "seconds_per_call", lambda fn, seconds, sync: (fn(), 0.5)[1])
     seq, heads, dim = 64, 2, 16

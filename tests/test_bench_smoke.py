@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from topology.cost import LINK_EFFICIENCY, step_cost
-from topology.hardware import get_gpu
-from topology.models import load_model
-from topology.plan import Plan
-from topology.software import HYBRIDPAR
-from topology.stages import params_per_rank, stages
-from topology.traffic import cost_model_bytes, dp_ring_lower_bound, runtime_bytes
+from hybridpar.topology.cost import LINK_EFFICIENCY, step_cost
+from hybridpar.topology.hardware import get_gpu
+from hybridpar.topology.models import load_model
+from hybridpar.topology.plan import Plan
+from hybridpar.topology.software import HYBRIDPAR
+from hybridpar.topology.stages import params_per_rank, stages
+from hybridpar.topology.traffic import cost_model_bytes, dp_ring_lower_bound, runtime_bytes
 
 ROOT = Path(__file__).resolve().parents[1]
 NEW = {"comm", "memory", "overhead", "throughput", "gpu", "kernels"}
@@ -65,7 +65,7 @@ def test_cost_model_bytes_give_back_cost_py_seconds(sp, monkeypatch):
     """The bytes are the planner's: divided by the link bandwidth they are step_cost's terms
     (nothing overlapped; NCCL's per-call latency, which carries no bytes, set to zero here); with
     megatron-core's async backward TP collectives, less is exposed."""
-    from topology import cost as cost_module
+    from hybridpar.topology import cost as cost_module
 
     monkeypatch.setattr(cost_module, "NCCL_BASE_LAT_S", 0.0)
     monkeypatch.setattr(cost_module, "NCCL_HOP_LAT_S", {"nvlink": 0.0, "network": 0.0})
@@ -94,8 +94,8 @@ def test_cost_model_bytes_match_recorded_steps():
     benchmarks/comm.py (results/comm.json); the stored measurements, recomputed model."""
     import json
 
-    from benchmarks._jobs import Layout, make_plan
-    from benchmarks.results_io import RESULTS_DIR
+    from hybridpar.benchmarks._jobs import Layout, make_plan
+    from hybridpar.benchmarks.results_io import RESULTS_DIR
 
     result = json.loads((RESULTS_DIR / "comm.json").read_text())
     checked = 0
@@ -117,7 +117,7 @@ def test_cost_model_bytes_match_recorded_steps():
 def test_recorder_sizes_follow_ring_algorithms():
     import torch
 
-    from hybridpar.comm_trace import group_kind, sizes
+    from hybridpar.observe.comm_trace import group_kind, sizes
 
     t = torch.zeros(100)
     assert sizes("all_reduce", {"tensor": t}, 4) == (400, 600.0)
@@ -131,7 +131,7 @@ def test_recorder_sizes_follow_ring_algorithms():
 
 
 def test_memory_model_restated_for_fp32():
-    from benchmarks.memory import planner_rows
+    from hybridpar.benchmarks.memory import planner_rows
 
     n = 1000
     z0, z1 = planner_rows(n, 4, 0), planner_rows(n, 4, 1)
@@ -142,8 +142,8 @@ def test_memory_model_restated_for_fp32():
 
 
 def test_paired_ratios_and_spread():
-    from benchmarks._dist import spread
-    from benchmarks.overhead import paired
+    from hybridpar.benchmarks._dist import spread
+    from hybridpar.benchmarks.overhead import paired
 
     times = {"a": [1.1, 2.2, 3.3, 1.1, 1.0], "b": [1.0, 2.0, 3.0, 1.0, 1.0]}
     r = paired(times, "a", "b")
@@ -152,7 +152,7 @@ def test_paired_ratios_and_spread():
 
 
 def test_gpu_benchmark_model_is_about_1b_and_planned():
-    from benchmarks.gpu import MODEL, PREDICTIONS, catalogue_name, make_plan
+    from hybridpar.benchmarks.gpu import MODEL, PREDICTIONS, catalogue_name, make_plan
 
     plan = make_plan("h200-141gb", 2048, 2, 16)
     assert not plan.violations()
@@ -170,12 +170,12 @@ def test_every_benchmark_takes_its_options_from_the_command_line(capsys):
     them itself (``--help`` prints its usage and exits 0 without running anything)."""
     import importlib
 
-    from hybridpar.commands.bench import available
+    from hybridpar.benchmarks.cli import available
 
     names = sorted(available())
     assert names
     for name in names:
-        module = importlib.import_module(f"benchmarks.{name}")
+        module = importlib.import_module(f"hybridpar.benchmarks.{name}")
         with pytest.raises(SystemExit) as done:
             module.main(["--help"])
         assert done.value.code == 0, name
@@ -206,20 +206,19 @@ def test_every_benchmark_rejects_bad_input_in_one_line(capsys, monkeypatch):
     process is started (a launch here fails the test) or any result written."""
     import importlib
 
-    import benchmarks._dist
-    import benchmarks.results_io
+    from hybridpar.benchmarks import _dist, results_io
 
     def forbidden(*args, **kwargs):
         raise AssertionError(f"launched or wrote despite bad input: {args!r}")
 
-    monkeypatch.setattr(benchmarks._dist, "torchrun", forbidden)
-    monkeypatch.setattr(benchmarks._dist, "wait_for_quiet", forbidden)
-    monkeypatch.setattr(benchmarks.results_io, "write_result", forbidden)
+    monkeypatch.setattr(_dist, "torchrun", forbidden)
+    monkeypatch.setattr(_dist, "wait_for_quiet", forbidden)
+    monkeypatch.setattr(results_io, "write_result", forbidden)
     monkeypatch.setattr(subprocess, "run", forbidden)
     monkeypatch.setattr(subprocess, "Popen", forbidden)
     covered = set()
     for name, argv in BAD_BENCH_INVOCATIONS:
-        module = importlib.import_module(f"benchmarks.{name}")
+        module = importlib.import_module(f"hybridpar.benchmarks.{name}")
         monkeypatch.setattr(module, "write_result", forbidden, raising=False)
         with pytest.raises(SystemExit) as done:
             module.main(argv)
@@ -230,13 +229,13 @@ def test_every_benchmark_rejects_bad_input_in_one_line(capsys, monkeypatch):
         assert lines[0].startswith(f"hybridpar bench {name}: error: "), (name, argv, lines)
         assert "Traceback" not in captured.err and not captured.out, (name, argv, captured)
         covered.add(name)
-    from hybridpar.commands.bench import available
+    from hybridpar.benchmarks.cli import available
 
     assert covered == set(available())
 
 
 def test_results_are_replaced_whole_or_not_at_all(tmp_path):
-    from benchmarks.results_io import replacing
+    from hybridpar.benchmarks.results_io import replacing
 
     target = tmp_path / "r.csv"
     target.write_text("old\n")
@@ -254,10 +253,10 @@ def test_results_are_replaced_whole_or_not_at_all(tmp_path):
 def test_a_gpu_sized_model_is_refused_before_launch(name, capsys, monkeypatch):
     import importlib
 
-    from benchmarks import _dist
+    from hybridpar.benchmarks import _dist
 
     monkeypatch.setattr(_dist, "torchrun", lambda *a, **k: pytest.fail("launched"))
     with pytest.raises(SystemExit) as done:
-        importlib.import_module(f"benchmarks.{name}").main(["--model", "llama3-8b"])
+        importlib.import_module(f"hybridpar.benchmarks.{name}").main(["--model", "llama3-8b"])
     err = capsys.readouterr().err.strip()
     assert done.value.code == 2 and err.count("\n") == 0 and "use a CPU model such as tiny" in err, err

@@ -89,7 +89,7 @@ def test_fp32_accumulation_adds_in_place_and_matches_the_cast_then_add():
     two gradients before accumulating, in bf16 unless it casts each first."""
     import torch
 
-    from hybridpar.engine import _fp32_grad
+    from hybridpar.zero.engine import _fp32_grad
 
     torch.manual_seed(0)
     xs = [torch.randn(5, 4, dtype=torch.bfloat16) for _ in range(3)]

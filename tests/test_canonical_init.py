@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hybridpar import canonical_init
-from hybridpar.canonical_init import MASK32, _fmix32, _mul32, fill_normal_, normal_at
-from hybridpar.model import shard_of_full, shard_positions
+from hybridpar.runtime import canonical_init
+from hybridpar.runtime.canonical_init import MASK32, _fmix32, _mul32, fill_normal_, normal_at
+from hybridpar.runtime.model import shard_of_full, shard_positions
 
 
 def _param(dim: int, gated: bool = False):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridpar.cli import command_names
+from hybridpar.cli.main import command_names
 from test_bad_input import heavy_imports
 
 ENV = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))

@@ -72,7 +72,7 @@ def test_resume_trains_the_remaining_steps_and_appends_them(runs):
 
 
 def test_bad_resume_input_is_one_line_exit_2_before_any_process_group(runs, tmp_path, capsys, no_ranks_may_start):
-    from hybridpar.cli import main
+    from hybridpar.cli.main import main
 
     base, recipe, _, _ = runs
     other = tmp_path / "other.yaml"

@@ -14,13 +14,11 @@ import pytest
 import torch
 
 from hybridpar.checkpoint import CheckpointError, check_compatible, read_full_state, resolve, verify
-from hybridpar.checkpoint.files import (
-    Manifest, commit, load_tensors, prune, rank_file_name, remove_partials, step_dir_name, write_tensors,
-)
+from hybridpar.checkpoint.files import Manifest, commit, load_tensors, prune, rank_file_name, remove_partials, step_dir_name, write_tensors
 from hybridpar.checkpoint.reshard import CheckpointReader, param_like
-from hybridpar.model import shard_of_full
-from topology.models import ModelSpec
-from topology.plan import Plan
+from hybridpar.runtime.model import shard_of_full
+from hybridpar.topology.models import ModelSpec
+from hybridpar.topology.plan import Plan
 
 MODEL = ModelSpec(layers=1, hidden=8, ffn_hidden=12, heads=2, kv_heads=2, vocab=16, name="unit")
 # canonical name -> (full shape, TP split dim or -1, gated)

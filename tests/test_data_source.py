@@ -7,7 +7,7 @@ import torch
 from hybridpar.data import ByteTokenizer, IndexedTokens, SyntheticTokens, make_token_source, prepare, replica_rows
 from hybridpar.data.embedded import corpus_files
 from hybridpar.errors import UsageError
-from topology.layout import RankLayout
+from hybridpar.topology.layout import RankLayout
 
 SEQ, BATCH = 32, 8
 

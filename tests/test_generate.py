@@ -36,11 +36,11 @@ def test_train_prints_and_saves_a_sample_of_the_trained_model(tmp_path):
 
     from hybridpar.checkpoint.reshard import read_full_state
     from hybridpar.data import ByteTokenizer
-    from hybridpar.generate import SampleConfig, generate_text
-    from hybridpar.report import load_metrics, summarize
-    from topology.cost import model_flops_per_seq
-    from topology.plan import Plan
-    from topology.search import evaluate
+    from hybridpar.observe.sample import SampleConfig, generate_text
+    from hybridpar.observe.report import load_metrics, summarize
+    from hybridpar.topology.cost import model_flops_per_seq
+    from hybridpar.topology.plan import Plan
+    from hybridpar.topology.search import evaluate
 
     out, ckpt = tmp_path / "run", tmp_path / "ckpt"
     argv = [sys.executable, "-m", "hybridpar", "train", "--recipe", "recipes/default.yaml", "--nproc", "4",

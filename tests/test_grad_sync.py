@@ -32,7 +32,7 @@ def test_partition_pieces_follow_deepspeeds_flat_layout():
 
     import torch
 
-    from hybridpar.zero_partitions import partition_pieces
+    from hybridpar.zero.partitions import partition_pieces
 
     a, b, c = torch.zeros(5), torch.zeros(2), torch.zeros(2, 3)
     opt = SimpleNamespace(round_robin_bit16_groups=[[a, b, c]], round_robin_bit16_offsets=[[0, 8, 12]],

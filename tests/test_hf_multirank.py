@@ -46,7 +46,7 @@ def test_trained_on_8_ranks_exported_gives_the_same_logits_in_transformers(tmp_p
     from hybridpar.checkpoint.hf_export import ExportConfig, export_hf
     from hybridpar.checkpoint.reshard import read_full_state
     from hybridpar.data.tokenizers import ByteTokenizer
-    from hybridpar.llama_ref import LlamaReference
+    from hybridpar.runtime.llama_ref import LlamaReference
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(RECIPE.format(name="hf-export", dp=2, steps=3, data="{source: embedded, tokenizer: byte}"))

@@ -30,7 +30,7 @@ def saved(request, tmp_path_factory):
 
 
 def test_hf_weights_through_the_mapping_give_transformers_logits(saved):
-    from hybridpar.llama_ref import LlamaReference
+    from hybridpar.runtime.llama_ref import LlamaReference
 
     model, path, tied = saved
     tokens = torch.randint(0, TINY.vocab, (2, 24), generator=torch.Generator().manual_seed(3))
@@ -44,7 +44,7 @@ def test_hf_weights_through_the_mapping_give_transformers_logits(saved):
 
 def test_tp_shards_read_by_slices_equal_the_full_tensors_split(saved):
     from hybridpar.checkpoint.hf_layout import canonical_layout
-    from hybridpar.model import shard_of_full
+    from hybridpar.runtime.model import shard_of_full
 
     _, path, tied = saved
     full = canonical_from_hf(path, tied)
@@ -121,7 +121,7 @@ def test_config_differences_name_each_mismatch():
 
 def test_norm_eps_is_the_models():
     from hybridpar.checkpoint.hf_layout import NORM_EPS
-    from hybridpar.model import ModelOptions
+    from hybridpar.runtime.model import ModelOptions
 
     assert NORM_EPS == ModelOptions(seq_len=1).norm_eps
 
@@ -142,7 +142,7 @@ TINY_RECIPE = os.path.join(ROOT, "recipes", "tiny.yaml")
 
 
 def _one_line_exit_2(capsys, argv, expect: str):
-    from hybridpar.cli import main
+    from hybridpar.cli.main import main
 
     assert main(argv) == 2, argv
     err = capsys.readouterr().err.strip()
@@ -187,9 +187,9 @@ def test_export_hf_bad_input(tmp_path, capsys):
 def test_recipe_key_init_from_hf_is_checked_and_a_resume_wins(saved, tmp_path, capsys, no_ranks_may_start):
     from argparse import Namespace
 
-    from hybridpar.checkpoint import cli as checkpoint_cli
+    from hybridpar.cli import checkpoint_flags as checkpoint_cli
     from hybridpar.checkpoint.hf_import import HFInit
-    from hybridpar.recipe import load_recipe
+    from hybridpar.config.recipe import load_recipe
 
     _, path, tied = saved
     text = open(TINY_RECIPE).read() + f"checkpoint: {{init_from_hf: {path}}}\n"

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridpar.launch_scripts import LaunchSpec
-from topology.layout import RankLayout
+from hybridpar.launch.scripts import LaunchSpec
+from hybridpar.topology.layout import RankLayout
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,7 +29,7 @@ def test_launch_writes_torchrun_and_sbatch(tmp_path):
     assert "#SBATCH --nodes=2" in sbatch and "--rdzv-id=$SLURM_JOB_ID" in sbatch
     for text in (torchrun, sbatch):  # megatron's async TP collectives need one queue per GPU
         assert text.index("export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}") < text.index(
-            "${PYTHON:-python3} -m hybridpar.node_agent --nnodes=2")  # torchrun, via hybridpar's node agent
+            "${PYTHON:-python3} -m hybridpar.launch.node_agent --nnodes=2")  # torchrun, via hybridpar's node agent
     assert "node 0: DP replica(s) 0" in torchrun and "node 1: DP replica(s) 1" in torchrun
     assert not list(out.glob(".*tmp"))
 

@@ -1,7 +1,7 @@
 """Rank layout properties, up to 16,384 ranks, no processes."""
 import pytest
 
-from topology.layout import LayoutError, NodeMap, RankLayout
+from hybridpar.topology.layout import LayoutError, NodeMap, RankLayout
 
 LAYOUTS = [
     dict(tp=1, pp=1, dp=1),

@@ -53,7 +53,7 @@ def test_recipe_stated_gpu_counts_are_the_ones_tested():
 
 PLANTED = """
 import sys
-import topology.memory as memory
+import hybridpar.topology.memory as memory
 right = memory.params_per_rank
 def forgets_output_layer(plan, stage):
     n = right(plan, stage)
@@ -105,7 +105,7 @@ def test_bad_input_is_one_line_exit_2_before_torch(args, words):
 
 
 def test_zero_partition_rule():
-    from hybridpar.memory_audit import zero_partition
+    from hybridpar.observe.memory_audit import zero_partition
 
     assert zero_partition(12, 3) == 4  # 12 is a multiple of 2 x 3: no padding
     assert zero_partition(13, 3) == 6  # padded to 18

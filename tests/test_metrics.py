@@ -1,12 +1,12 @@
 """hybridpar.metrics without a GPU: device names to catalogue peaks, MFU, the planner's prediction."""
 import pytest
 
-from hybridpar.metrics import Yardstick, describe, step_text, yardstick
-from topology.hardware import catalogue_for_device
-from topology.cost import model_flops_per_seq
-from topology.models import PRESETS
-from topology.plan import Plan
-from topology.search import evaluate
+from hybridpar.observe.metrics import Yardstick, describe, step_text, yardstick
+from hybridpar.topology.hardware import catalogue_for_device
+from hybridpar.topology.cost import model_flops_per_seq
+from hybridpar.topology.models import PRESETS
+from hybridpar.topology.plan import Plan
+from hybridpar.topology.search import evaluate
 
 
 @pytest.mark.parametrize("name, expected", [

@@ -7,7 +7,7 @@ a one-process run (1e-5, as 8 ranks vs 1 in test_train_cli). Then the node witho
 lost (its agent and its 4 ranks SIGKILLed together, as when a machine dies): the other node's
 ranks must report the lost peer and its agent must exit non-zero within FAIL_FAST_S. A second
 two-node run loses the head node instead (node 0: the c10d store's host and ranks 0-3): node 1's
-agent (hybridpar.node_agent) must say so in one line, without a traceback, and exit 1 as fast.
+agent (hybridpar.launch.node_agent) must say so in one line, without a traceback, and exit 1 as fast.
 """
 from __future__ import annotations
 
@@ -93,7 +93,7 @@ def _two_node_run(base: Path, lose: str, reference: bool = False) -> dict:
     logs = [(open(base / f"node{i}.out", "w"), open(base / f"node{i}.err", "w")) for i in range(2)]
     # Node 0 starts first and hosts the rendezvous store (a real head node does) before node 1
     # joins, so which node is lost is chosen, not left to a race: losing the store's host ends
-    # the survivor's agent through the store (hybridpar.node_agent's one line), losing the other
+    # the survivor's agent through the store (hybridpar.launch.node_agent's one line), losing the other
     # node lets the survivor's ranks report the lost peer.
     agents = []
     for o, e in logs:
@@ -160,7 +160,7 @@ def test_losing_a_node_fails_the_other_fast_and_clearly(two_nodes):
 
 def test_losing_the_head_node_fails_the_other_fast_in_one_line(head_node_lost):
     """Node 0 (the rendezvous store's host, ranks 0-3) is lost: node 1's agent stops its ranks and
-    says so in one line (hybridpar.node_agent) instead of torch's store traceback."""
+    says so in one line (hybridpar.launch.node_agent) instead of torch's store traceback."""
     got = head_node_lost
     print(f"surviving node's agent exited {got['elapsed']:.2f} s after the head node was killed")
     line = f"hybridpar: lost the rendezvous store at 127.0.0.1:{got['port']} on the head node"

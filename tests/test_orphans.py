@@ -60,7 +60,7 @@ def _python(code: str, **env) -> subprocess.Popen:
 def test_rank_dies_with_its_launcher(wrapped):
     """Without torch: a "launcher" starts a "rank" (directly, or through a shell that stays between
     them: then the rank polls the launcher's pid), then the launcher is SIGKILLed."""
-    rank = ("import os, time; from hybridpar.launcher_death import die_with_launcher; die_with_launcher(); "
+    rank = ("import os, time; from hybridpar.launch.launcher_death import die_with_launcher; die_with_launcher(); "
             "print(os.getpid(), flush=True); time.sleep(120)")
     command = [sys.executable, "-c", rank]
     if wrapped:
@@ -83,14 +83,14 @@ def test_rank_dies_with_its_launcher(wrapped):
 
 def test_rank_whose_launcher_is_already_gone_stops_at_once():
     """The launcher died before the rank could ask the kernel: the rank finds another parent."""
-    rank = _python("from hybridpar.launcher_death import die_with_launcher; die_with_launcher(); print('ran on')",
+    rank = _python("from hybridpar.launch.launcher_death import die_with_launcher; die_with_launcher(); print('ran on')",
                    TORCHELASTIC_RUN_ID="t", HYBRIDPAR_LAUNCHER_PID=str(os.getpid() + 10**6))
     out, _ = rank.communicate(timeout=60)
     assert (rank.returncode, out) == (-signal.SIGKILL, "")
 
 
 def test_without_an_elastic_agent_nothing_changes():
-    rank = _python("from hybridpar.launcher_death import die_with_launcher; die_with_launcher(); print('ran on')",
+    rank = _python("from hybridpar.launch.launcher_death import die_with_launcher; die_with_launcher(); print('ran on')",
                    HYBRIDPAR_LAUNCHER_PID=str(os.getpid() + 10**6))
     assert rank.communicate(timeout=60)[0] == "ran on\n" and rank.returncode == 0
 

@@ -3,7 +3,7 @@ within 15% (relative) of the reported model-FLOPs MFU. Misses are marked xfail(s
 reason, so that they show up in every run and an improvement that fixes one fails loudly."""
 import pytest
 
-from topology.cases import CASES_PATH, load_cases, predict_case
+from hybridpar.topology.cases import CASES_PATH, load_cases, predict_case
 
 CASES = load_cases() if CASES_PATH.is_file() else []
 
@@ -34,3 +34,19 @@ def test_published_layout_mfu_within_15_percent(case):
     predicted = predict_case(case).cost.mfu
     reported = case["model_flops_mfu"]
     assert abs(predicted / reported - 1) <= 0.15, f"predicted {predicted:.3f}, reported {reported:.3f}"
+
+
+def test_the_bundled_cases_are_the_projects():
+    """topology/data/public_cases.json is the planner's installed copy of shared/cases: equal where
+    shared/ sits beside the checkout (here, and in CI)."""
+    import json
+    from pathlib import Path
+
+    from hybridpar.topology.cases import CASES_PATH
+
+    shared = Path(__file__).resolve().parents[2] / "shared" / "cases" / "public_cases.json"
+    if not shared.is_file():
+        import pytest
+
+        pytest.skip("no shared/ beside this checkout")
+    assert json.loads(CASES_PATH.read_text()) == json.loads(shared.read_text())

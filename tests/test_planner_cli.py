@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridpar.cli import main
+from hybridpar.cli.main import main
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -33,9 +33,9 @@ def test_software_flag_plans_for_megatron_core(capsys):
     same bytes), faster by the fused accumulation; Meta's TP8 PP16 DP128 needs full recomputation
     with ZeRO-1 there, and classic ZeRO-2 fits it without recomputation but exposes each
     micro-batch's fp32 reduce-scatter, so it is slower (README "Llama 3 405B")."""
-    from topology.models import load_model
-    from topology.search import Request, search
-    from topology.software import MEGATRON_CORE
+    from hybridpar.topology.models import load_model
+    from hybridpar.topology.search import Request, search
+    from hybridpar.topology.software import MEGATRON_CORE
 
     argv = ["--model", "llama3-405b", "--gpus", "16384", "--top", "1", "--json"]
     mine = json.loads(run(argv, capsys)[1])["plans"][0]
@@ -147,7 +147,7 @@ def test_published_layouts_evaluate_from_the_command_line_with_their_software(ca
     ZeRO; megatron-lm-2021-torch-ddp for the four run with torch DDP) and BLOOM under --software
     deepspeed-pipe-bf16 with Jean Zay's 50 Gbit/s per GPU give exactly what
     tests/test_planner_cases.py checks against the reported throughput."""
-    from topology.cases import CASES_PATH, case_software, load_cases, predict_case
+    from hybridpar.topology.cases import CASES_PATH, case_software, load_cases, predict_case
 
     if not CASES_PATH.is_file():
         pytest.skip("no published cases file")
@@ -319,7 +319,7 @@ def test_every_plan_carries_ranges_and_its_validated_region(capsys):
 
 
 def test_validate_prints_every_published_run_and_the_summary(capsys):
-    from topology.validation import checks, summary
+    from hybridpar.topology.validation import checks, summary
 
     code, out, _ = run(["--validate"], capsys)
     assert code == 0
@@ -348,7 +348,7 @@ def test_plan_needs_a_model_and_gpus_unless_validating(capsys):
 def test_headroom_leaves_that_share_of_memory_free(capsys):
     """--headroom 10: every plan shown needs at most 90% of the GPU's memory; the layouts that fit
     only without it (Llama 3 8B on one node at micro-batch 1 with TP1 PP2, 78.5 of 79.6 GiB) are gone."""
-    from topology.hardware import get_gpu
+    from hybridpar.topology.hardware import get_gpu
 
     capacity = get_gpu("h100-80gb").memory_gib
     argv = ["--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--top", "30"]

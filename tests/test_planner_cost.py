@@ -1,10 +1,10 @@
 """FLOPs formula against published values; the time model's shape and communication terms."""
 import pytest
 
-from topology.cost import gemm_time, k_efficiency, model_flops_per_seq, nccl_latency, recompute_flops_per_seq, step_cost
-from topology.hardware import get_gpu
-from topology.models import PRESETS, ModelSpec
-from topology.plan import Plan
+from hybridpar.topology.cost import gemm_time, k_efficiency, model_flops_per_seq, nccl_latency, recompute_flops_per_seq, step_cost
+from hybridpar.topology.hardware import get_gpu
+from hybridpar.topology.models import PRESETS, ModelSpec
+from hybridpar.topology.plan import Plan
 
 GPT3 = PRESETS["gpt3-175b"]
 
@@ -95,13 +95,13 @@ def test_tp_collectives_slow_down_across_nodes():
 
 
 def test_dp_ring_cost_grows_toward_2x_bytes(monkeypatch):
-    import topology.cost
+    from hybridpar.topology import cost as topology_cost
 
-    monkeypatch.setattr(topology.cost, "NCCL_BASE_LAT_S", 0.0)  # the bandwidth term alone (DP is not cached)
-    monkeypatch.setattr(topology.cost, "NCCL_HOP_LAT_S", {"nvlink": 0.0, "network": 0.0})
+    monkeypatch.setattr(topology_cost, "NCCL_BASE_LAT_S", 0.0)  # the bandwidth term alone (DP is not cached)
+    monkeypatch.setattr(topology_cost, "NCCL_HOP_LAT_S", {"nvlink": 0.0, "network": 0.0})
     sw_free = step_cost(_plan(dp=2))
     assert sw_free.comm()["dp"] >= 0
-    from topology.software import MEGATRON_2021
+    from hybridpar.topology.software import MEGATRON_2021
     two = step_cost(_plan(dp=2, global_batch=256), MEGATRON_2021).dp_s
     many = step_cost(_plan(dp=64, global_batch=256), MEGATRON_2021).dp_s
     assert many / two == pytest.approx((63 / 64) / (1 / 2), rel=1e-6)
@@ -131,9 +131,9 @@ def test_overlapped_dp_reduction_exposes_its_last_bucket():
     behind it except the last 40M-element bucket (the first layers'), complete only at its end."""
     from dataclasses import replace
 
-    from topology.cost import GRAD_BUCKET_NUMEL
-    from topology.software import HYBRIDPAR
-    from topology.stages import params_per_rank, stages
+    from hybridpar.topology.cost import GRAD_BUCKET_NUMEL
+    from hybridpar.topology.software import HYBRIDPAR
+    from hybridpar.topology.stages import params_per_rank, stages
 
     plan = Plan(model=PRESETS["llama3-8b"], seq_len=8192, global_batch=16, tp=4, dp=2, micro_batch=4,
                 zero_stage=0, sequence_parallel=True)
@@ -190,7 +190,7 @@ def _simulate(p: int, m: int, v: int, f: float, b: float) -> tuple[float, float]
 @pytest.mark.parametrize("p,m,v", [(4, 8, 1), (16, 32, 1), (16, 16, 1), (4, 8, 2), (16, 32, 2),
                                    (16, 32, 8), (16, 16, 8), (8, 24, 3)])
 def test_reduction_window_matches_a_simulated_schedule(p, m, v):
-    from topology.cost import after_first_backward
+    from hybridpar.topology.cost import after_first_backward
     f, b = 1.0, 2.1
     step, first_bwd = _simulate(p, m, v, f, b)
     assert step == pytest.approx(m * (f + b) + (p - 1) / v * (f + b))
@@ -200,7 +200,7 @@ def test_reduction_window_matches_a_simulated_schedule(p, m, v):
 def test_classic_zero2_reduce_scatters_hide_behind_later_micro_batches():
     from dataclasses import replace
 
-    from topology.software import MEGATRON_CORE
+    from hybridpar.topology.software import MEGATRON_CORE
     # Llama 3 405B, TP8 PP16 DP64, 32 micro-batches: each fp32 reduce-scatter (0.31 s) outlasts
     # its own micro-batch's backward but the stream of 32 is mostly hidden by those that follow.
     plan = Plan(PRESETS["llama3-405b"], 8192, 2048, tp=8, pp=16, dp=64, micro_batch=1, zero_stage=2,
@@ -229,9 +229,9 @@ def test_zero_group_of_cp_ranks_inside_a_node_runs_on_nvlink():
 def test_unfused_gradient_accumulation_costs_its_bytes_every_micro_batch():
     from dataclasses import replace
 
-    from topology.cost import hbm_time
-    from topology.software import DEEPSPEED_BF16_PIPE, GRAD_ADD_CAST_COPY, GRAD_ADD_MIXED, MEGATRON_2021
-    from topology.stages import params_per_rank, stages
+    from hybridpar.topology.cost import hbm_time
+    from hybridpar.topology.software import DEEPSPEED_BF16_PIPE, GRAD_ADD_CAST_COPY, GRAD_ADD_MIXED, MEGATRON_2021
+    from hybridpar.topology.stages import params_per_rank, stages
     # BLOOM's layout: DeepSpeed's BF16_Optimizer casts each bf16 gradient to an fp32 temporary
     # before adding it (18 B/param), Megatron-LM 2021 adds with an on-the-fly cast (10 B/param).
     m = ModelSpec(70, 14336, 57344, 112, 112, 250880, "gelu", "bloom", tied_embeddings=True)
@@ -255,7 +255,7 @@ def test_torch_ddp_hides_the_all_reduce_behind_the_last_backward():
     its bucketed all-reduce overlaps the last micro-batch's backward, where Megatron's local DDP
     all-reduces after the schedule. The same layout differs by (nearly) the whole DP time, and
     fp16 gradients accumulate in place (6 B/param), not into an fp32 main grad (10 B/param)."""
-    from topology.software import MEGATRON_2021, MEGATRON_2021_TORCH_DDP
+    from hybridpar.topology.software import MEGATRON_2021, MEGATRON_2021_TORCH_DDP
 
     m = ModelSpec(24, 2304, 9216, 24, 24, 51200, "gelu", "gpt-1.7b", tied_embeddings=True)
     plan = Plan(m, 2048, 512, tp=1, pp=1, dp=32, micro_batch=16, zero_stage=0, recompute="full", precision="fp16",
@@ -267,7 +267,7 @@ def test_torch_ddp_hides_the_all_reduce_behind_the_last_backward():
 
 
 def test_flash_attention_rate_follows_sequence_length_and_head_dimension():
-    from topology.cost import attention_shape_factor
+    from hybridpar.topology.cost import attention_shape_factor
 
     assert attention_shape_factor(8192, 128) == 1.0 == attention_shape_factor(131072, 128)
     assert attention_shape_factor(512, 128) == pytest.approx((512 / 768) / (8192 / 8448))
@@ -278,8 +278,8 @@ def test_flash_attention_rate_follows_sequence_length_and_head_dimension():
 def test_megatron_lm_2022_is_2021_with_sequence_parallelism_and_selective_recomputation():
     """Korthikanti et al. 2022's stack: GPT-3 175B at TP8 PP8 with SP and selective recomputation is
     faster than Megatron-LM 2021's full recomputation of the same layout, and ZeRO-2 is not part of it."""
-    from topology.search import Request, search
-    from topology.software import MEGATRON_2021, PROFILES
+    from hybridpar.topology.search import Request, search
+    from hybridpar.topology.software import MEGATRON_2021, PROFILES
 
     sw = PROFILES["megatron-lm-2022"]
     assert sw.sequence_parallel and "selective" in sw.recompute_modes and not sw.flash_attention

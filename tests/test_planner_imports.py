@@ -4,9 +4,9 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-MODULES = ["topology", "topology.hardware", "topology.models", "topology.layout", "topology.plan",
-           "topology.stages", "topology.software", "topology.memory", "topology.cost", "topology.search",
-           "topology.cases", "hybridpar.commands.plan", "hybridpar.recipe"]
+MODULES = ["hybridpar.topology", "hybridpar.topology.hardware", "hybridpar.topology.models", "hybridpar.topology.layout", "hybridpar.topology.plan",
+           "hybridpar.topology.stages", "hybridpar.topology.software", "hybridpar.topology.memory", "hybridpar.topology.cost", "hybridpar.topology.search",
+           "hybridpar.topology.cases", "hybridpar.cli.commands.plan", "hybridpar.config.recipe"]
 
 
 def test_no_heavy_imports():

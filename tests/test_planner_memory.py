@@ -3,12 +3,11 @@ from dataclasses import replace
 
 import pytest
 
-from topology.memory import (CUDA_CONTEXT_BYTES, LOGIT_BYTES, NCCL_CHANNEL_BYTES, PARTS, TIGHT_MARGIN,
-                             layer_activation_bytes, model_state_bytes, plan_memory, stage_memory)
-from topology.models import PRESETS, ModelSpec
-from topology.plan import Plan
-from topology.software import DEEPSPEED_BF16_PIPE, HYBRIDPAR, MEGATRON_2021, MEGATRON_CORE
-from topology.stages import stages
+from hybridpar.topology.memory import CUDA_CONTEXT_BYTES, LOGIT_BYTES, NCCL_CHANNEL_BYTES, PARTS, TIGHT_MARGIN, layer_activation_bytes, model_state_bytes, plan_memory, stage_memory
+from hybridpar.topology.models import PRESETS, ModelSpec
+from hybridpar.topology.plan import Plan
+from hybridpar.topology.software import DEEPSPEED_BF16_PIPE, HYBRIDPAR, MEGATRON_2021, MEGATRON_CORE
+from hybridpar.topology.stages import stages
 
 
 @pytest.mark.parametrize("zero, expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])

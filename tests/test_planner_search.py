@@ -3,11 +3,11 @@ from dataclasses import replace
 
 import pytest
 
-from topology.memory import PARTS
-from topology.models import PRESETS
-from topology.plan import PlanError
-from topology.search import AXES, Request, search
-from topology.software import HYBRIDPAR, MEGATRON_CORE
+from hybridpar.topology.memory import PARTS
+from hybridpar.topology.models import PRESETS
+from hybridpar.topology.plan import PlanError
+from hybridpar.topology.search import AXES, Request, search
+from hybridpar.topology.software import HYBRIDPAR, MEGATRON_CORE
 
 LLAMA = PRESETS["llama3-405b"]
 PLAN_KEYS = {"tp", "pp", "cp", "dp", "vpp", "micro_batch", "grad_accum", "zero_stage", "recompute",
@@ -106,8 +106,8 @@ def test_hybridpar_plans_never_use_zero3():
     """hybridpar's runtime runs ZeRO 0-2 (recipe.py refuses 3), so its profile never plans ZeRO-3,
     even where ZeRO-3 would be fastest (8B on 8 GPUs, megatron-core's profile allows it); a pinned
     ZeRO-3 is rejected with the reason, and megatron-core's profile still plans it."""
-    from topology.models import load_model
-    from topology.software import MEGATRON_CORE
+    from hybridpar.topology.models import load_model
+    from hybridpar.topology.software import MEGATRON_CORE
 
     model = load_model("llama3-8b")
     res = search(Request(model, 8, 64, 8192))
@@ -122,7 +122,7 @@ def test_zero_shards_over_cp_ranks_when_there_is_no_dp():
     # 405B on 256 H100s: TP8 x PP16 x CP2 leaves DP = 1; ZeRO-1 shards the optimizer state over the
     # two CP ranks (which hold the same weights). With DP = CP = 1 nothing shards. (Before a layer's
     # saved activations were measured, docs/planner.md "Memory truth", that also dropped recomputation.)
-    from topology.memory import plan_memory
+    from hybridpar.topology.memory import plan_memory
 
     best = search(Request(PRESETS["llama3-405b"], 256, 512, 8192, pins={"tp": 8, "cp": 2, "pp": 16}), top=1).plans[0].plan
     assert (best.dp, best.zero_stage) == (1, 1)

@@ -1,11 +1,11 @@
 """Model-state bytes of the tiny CPU model under ZeRO 0/1/2 agree with a hand count of its tensors."""
 import pytest
 
-from topology.memory import stage_memory
-from topology.models import PRESETS
-from topology.plan import Plan
-from topology.software import HYBRIDPAR, MEGATRON_CORE, Software
-from topology.stages import stages
+from hybridpar.topology.memory import stage_memory
+from hybridpar.topology.models import PRESETS
+from hybridpar.topology.plan import Plan
+from hybridpar.topology.software import HYBRIDPAR, MEGATRON_CORE, Software
+from hybridpar.topology.stages import stages
 
 TINY = PRESETS["tiny"]  # 4 layers, hidden 64, ffn 176, 4 heads (head_dim 16), 2 KV heads, vocab 320
 

@@ -1,4 +1,4 @@
-"""Out-of-sample check: published runs the planner was not built on (tests/data/validation_runs.json:
+"""Out-of-sample check: published runs the planner was not built on (topology/data/validation_runs.json:
 NVIDIA DGX Cloud benchmark recipes on H100, and BigScience's sweep of 19 layouts of one 181B model on
 384 A100s, 3 of which ran out of memory), each evaluated with its published layout through
 topology.cases. Timed runs predict MFU within 20% (relative) of the reported throughput converted to
@@ -6,11 +6,11 @@ model-FLOPs MFU; memory verdicts match what happened; the sweep's layouts rank a
 are xfail(strict) with the reason, as in test_planner_cases.py; docs/planner.md has the table."""
 import pytest
 
-from topology.cases import CASES_PATH, VALIDATION_PATH, load_cases, predict_case
-from topology.cost import model_flops_per_seq
-from topology.hardware import get_gpu
-from topology.models import ModelSpec
-from topology import validation
+from hybridpar.topology.cases import CASES_PATH, VALIDATION_PATH, load_cases, predict_case
+from hybridpar.topology.cost import model_flops_per_seq
+from hybridpar.topology.hardware import get_gpu
+from hybridpar.topology.models import ModelSpec
+from hybridpar.topology import validation
 
 TOLERANCE = 0.20
 RUNS = load_cases(VALIDATION_PATH)

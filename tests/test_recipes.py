@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hybridpar.cli import main
-from hybridpar.recipe import load_recipe
+from hybridpar.cli.main import main
+from hybridpar.config.recipe import load_recipe
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -49,7 +49,7 @@ def test_recipes_exist():
 def test_gpu_recipe_fits_its_gpus_with_headroom(path, capsys):
     """The recipe's pinned layout, on the GPU count it states, needs at most 90% of each GPU's memory
     (every memory term of topology/memory.py, the largest pipeline stage)."""
-    from topology.hardware import get_gpu
+    from hybridpar.topology.hardware import get_gpu
 
     gpus, pins = stated_command(path)
     assert pins[pins.index("--headroom") + 1] == "10", pins  # the plan that chose it kept the headroom

@@ -104,7 +104,7 @@ def test_bad_recompute_flag_is_one_line_exit_2(tmp_path):
 
 
 def test_recipe_and_flag_reach_the_plan(tmp_path):
-    from hybridpar.recipe import recipe_from_dict, with_overrides
+    from hybridpar.config.recipe import recipe_from_dict, with_overrides
 
     base = {"model": "tiny", "train": {"global_batch": 16, "seq_len": 32}}
     assert recipe_from_dict(base).validate(1).to_plan_unresolved().recompute == "none"
@@ -115,8 +115,8 @@ def test_recipe_and_flag_reach_the_plan(tmp_path):
 
 
 def test_train_flag_is_relayed_to_ranks():
-    from hybridpar.cli import build_parser
-    from hybridpar.commands.train import _argv_of
+    from hybridpar.cli.main import build_parser
+    from hybridpar.cli.commands.train import _argv_of
 
     args = build_parser().parse_args(["train", "--recipe", "x.yaml", "--nproc", "4", "--recompute", "full"])
     argv = _argv_of(args, "out")
@@ -124,7 +124,7 @@ def test_train_flag_is_relayed_to_ranks():
 
 
 def test_planner_pins_recipe_recompute(tmp_path):
-    from hybridpar.commands.plan import recipe_defaults
+    from hybridpar.cli.commands.plan import recipe_defaults
 
     text = "model: tiny\ncluster: {gpu: h100-80gb}\ntrain: {global_batch: 16, seq_len: 32}\n"
     (tmp_path / "unset.yaml").write_text(text)

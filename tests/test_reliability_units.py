@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from hybridpar.errors import UsageError
-from hybridpar.faults import Fault, parse
-from hybridpar.launch import failure_summary, root_cause
-from hybridpar.replicas import Drift, find_drift
+from hybridpar.reliability.faults import Fault, parse
+from hybridpar.launch.local import failure_summary, root_cause
+from hybridpar.reliability.replicas import Drift, find_drift
 
 TINY = Path(__file__).resolve().parents[1] / "recipes" / "tiny.yaml"
 A, B = b"\x00" * 8, b"\x01" * 8
@@ -64,8 +64,8 @@ def test_summary_names_the_killed_rank_not_the_ones_that_lost_it_or_were_stopped
 
 
 def test_bad_reliability_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch):
-    from hybridpar import launch
-    from hybridpar.cli import main
+    from hybridpar.launch import local as launch
+    from hybridpar.cli.main import main
 
     monkeypatch.setattr(launch, "launch_local", lambda *a, **k: pytest.fail("a rank was started"))
     for key in ("RANK", "WORLD_SIZE"):
@@ -91,9 +91,9 @@ def test_every_mesh_group_gets_the_world_timeout():
     in a TP or PP exchange then fails after the timeout (measured: README "Reliability")."""
     code = (
         "import os, torch, torch.distributed as dist\n"
-        "from hybridpar.launch import init_distributed\n"
-        "from hybridpar.mesh import Mesh\n"
-        "from topology.layout import RankLayout\n"
+        "from hybridpar.launch.local import init_distributed\n"
+        "from hybridpar.runtime.mesh import Mesh\n"
+        "from hybridpar.topology.layout import RankLayout\n"
         "init_distributed(timeout_s=7)\n"
         "from megatron.core import parallel_state as ps\n"
         "Mesh.build(RankLayout(tp=1, pp=1, dp=1))\n"

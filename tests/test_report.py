@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from hybridpar.errors import UsageError
-from hybridpar.report import format_summary, load_metrics, plot, summarize
+from hybridpar.observe.report import format_summary, load_metrics, plot, summarize
 
 HYBRIDPAR = os.path.join(os.path.dirname(sys.executable), "hybridpar")
 

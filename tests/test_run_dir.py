@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from hybridpar.errors import UsageError
-from hybridpar.run_dir import LOCK_NAME, RunDirs, claim, keep_steps_before
-from hybridpar.stopping import AT_STEP, STOP_REASONS, TIME_LIMIT, StopConditions, StopReason
+from hybridpar.reliability.run_dir import LOCK_NAME, RunDirs, claim, keep_steps_before
+from hybridpar.reliability.stopping import AT_STEP, STOP_REASONS, TIME_LIMIT, StopConditions, StopReason
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -43,7 +43,7 @@ def test_a_fresh_run_never_mixes_with_an_earlier_one(tmp_path):
 
 HOLD = """
 import sys, time
-from hybridpar.run_dir import RunDirs, claim
+from hybridpar.reliability.run_dir import RunDirs, claim
 held = claim(RunDirs(sys.argv[1], sys.argv[2]), resuming=False, overwrite=False)
 print("held", flush=True)
 time.sleep(600)
@@ -78,7 +78,7 @@ def test_an_unusable_latest_is_named_and_the_older_one_used(tmp_path):
 
     from hybridpar.checkpoint import inspect_resume
     from hybridpar.checkpoint.files import CheckpointError
-    from topology.plan import Plan
+    from hybridpar.topology.plan import Plan
 
     base = str(tmp_path)
     write_checkpoint(base, 2, full_state())

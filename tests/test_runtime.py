@@ -199,7 +199,7 @@ def test_zero_partitions_optimizer_state_over_dp(runs):
 
 def _rank_layout(name):
     """The rank layout of a recorded layout (these have no CP)."""
-    from topology.layout import RankLayout
+    from hybridpar.topology.layout import RankLayout
 
     cfg = next(l for l in LAYOUTS if l["name"] == name)
     return RankLayout(tp=cfg.get("tp", 1), pp=cfg.get("pp", 1), dp=cfg.get("dp", 1))

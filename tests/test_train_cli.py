@@ -17,7 +17,7 @@ TINY = ROOT / "recipes" / "tiny.yaml"
 
 # --- the recipe loader ----------------------------------------------------------------------
 def test_tiny_recipe_loads_and_maps_to_a_plan():
-    from hybridpar.recipe import load_recipe
+    from hybridpar.config.recipe import load_recipe
 
     recipe = load_recipe(str(TINY)).validate(8)
     plan = recipe.to_plan_unresolved()
@@ -27,7 +27,7 @@ def test_tiny_recipe_loads_and_maps_to_a_plan():
 
 
 def test_flags_override_and_dp_is_derived():
-    from hybridpar.recipe import load_recipe, with_overrides
+    from hybridpar.config.recipe import load_recipe, with_overrides
 
     recipe = with_overrides(load_recipe(str(TINY)), tp=1, pp=2, steps=3).validate(8)
     assert (recipe.parallel.tp, recipe.parallel.pp, recipe.parallel.dp, recipe.train.steps) == (1, 2, 4, 3)
@@ -39,7 +39,7 @@ def test_overlaps_are_recipe_switches(tmp_path):
     false`` the weight gather inside its step (tests/test_runtime.py trains both ways); a
     non-boolean is a one-line recipe error."""
     from hybridpar.errors import USER_ERRORS
-    from hybridpar.recipe import load_recipe
+    from hybridpar.config.recipe import load_recipe
 
     on = load_recipe(str(TINY)).parallel
     assert on.overlap_grad_reduce is True and on.overlap_param_gather is True
@@ -54,7 +54,7 @@ def test_overlaps_are_recipe_switches(tmp_path):
 
 
 def test_lr_schedule_warmup_cosine_and_linear_scaling():
-    from hybridpar.engine import OptimConfig, lr_at
+    from hybridpar.zero.engine import OptimConfig, lr_at
 
     cfg = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=2, total_steps=12)
     assert lr_at(1, cfg, 16) == 0.5 and lr_at(2, cfg, 16) == 1.0
@@ -101,7 +101,7 @@ def _binary(tmp_path):
 
 
 def test_bad_input_is_one_line_exit_2_before_any_process_group(tmp_path, capsys, no_ranks_may_start):
-    from hybridpar.cli import main
+    from hybridpar.cli.main import main
 
     for name, (argv, expected) in _bad_cases(tmp_path).items():
         code = main(["train", *argv])

@@ -16,17 +16,16 @@ from .plan import Plan
 from .search import Evaluated, evaluate
 from .software import DEEPSPEED_BF16_PIPE, MEGATRON_2021, MEGATRON_2021_TORCH_DDP, MEGATRON_CORE, PROFILES, Software
 
-# The project's shared/ folder (beside the checkout) is the source of truth; tests/data holds a
-# copy so a checkout without it (an installed copy, a clone elsewhere) still has the 14 runs.
-_SHARED_CASES = Path(__file__).resolve().parents[1].parent / "shared" / "cases" / "public_cases.json"
-_BUNDLED_CASES = Path(__file__).resolve().parents[1] / "tests" / "data" / "public_cases.json"
-CASES_PATH = _SHARED_CASES if _SHARED_CASES.is_file() else _BUNDLED_CASES
+# The planner's own data, installed with it (topology/data/). public_cases.json is a copy of the
+# project's shared/cases/public_cases.json (a test keeps the two equal where shared/ is present).
+DATA = Path(__file__).resolve().parent / "data"
+CASES_PATH = DATA / "public_cases.json"
 # Out-of-sample runs, same fields plus "software" (a topology.software profile name) and, where
 # they apply, "network_gbit_per_gpu" (the cluster's scale-out NIC per GPU), "tied_embeddings",
 # "outcome" ("ran", or "oom": the layout ran out of memory, no timing), "reported_memory_gb" (the
 # run's published peak) and "sweep" (layouts of one model on one cluster, ranked against each
 # other); docs/planner.md gives their provenance.
-VALIDATION_PATH = Path(__file__).resolve().parents[1] / "tests" / "data" / "validation_runs.json"
+VALIDATION_PATH = DATA / "validation_runs.json"
 
 
 # Narayanan et al.'s run script (Megatron-LM examples/sc21/run_table_1.sh) sets DDP=torch for the

@@ -2,7 +2,7 @@
 (topology/cases.py), the error of its MFU and its memory verdict; the spread of those errors gives
 every prediction its range, and the runs' shapes say where the planner has been checked at all.
 
-Runs: ../shared/cases/public_cases.json (14) and tests/data/validation_runs.json (the out-of-sample
+Runs: ../shared/cases/public_cases.json (14) and topology/data/validation_runs.json (the out-of-sample
 runs, among them one sweep of layouts on one cluster and the layouts of it that ran out of memory).
 Nothing here feeds back into the physics: the ranges are read off the errors, never used to correct
 the prediction.

@@ -1,7 +1,7 @@
 """Whether a checkpoint fits this run: same model (any layout), described in one line."""
 from __future__ import annotations
 
-from .files import CheckpointError, Manifest
+from hybridpar.checkpoint.files import CheckpointError, Manifest
 
 _RANK_KEYS = ("tp", "cp", "pp", "dp", "vpp", "order")  # equal: every rank has the same coordinates
 

@@ -19,7 +19,7 @@ import re
 import shutil
 from dataclasses import asdict, dataclass, field
 
-from ..errors import UsageError
+from hybridpar.errors import UsageError
 
 FORMAT = "hybridpar-checkpoint"
 VERSION = 1

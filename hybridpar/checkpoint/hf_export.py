@@ -20,9 +20,9 @@ import shutil
 import uuid
 from dataclasses import dataclass
 
-from ..errors import UsageError
-from .files import CheckpointError, read_manifest, resolve, verify
-from .hf_layout import INDEX_FILE, SINGLE_FILE, CanonicalParam, canonical_layout, hf_config
+from hybridpar.errors import UsageError
+from hybridpar.checkpoint.files import CheckpointError, read_manifest, resolve, verify
+from hybridpar.checkpoint.hf_layout import INDEX_FILE, SINGLE_FILE, CanonicalParam, canonical_layout, hf_config
 
 DTYPES = {"fp32": ("float32", 4), "bf16": ("bfloat16", 2)}
 
@@ -124,9 +124,9 @@ def _commit(tmp: str, out_dir: str) -> None:
 
 def export_hf(cfg: ExportConfig, print_fn=print) -> str:
     """Export ``cfg.checkpoint`` to ``cfg.out_dir``; returns the step directory exported."""
-    from topology.models import model_from_dict
+    from hybridpar.topology.models import model_from_dict
 
-    from .hf_tokenizer import choose_tokenizer, write_tokenizer
+    from hybridpar.checkpoint.hf_tokenizer import choose_tokenizer, write_tokenizer
 
     if cfg.dtype not in DTYPES:
         raise UsageError(f"--dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
@@ -143,7 +143,7 @@ def export_hf(cfg: ExportConfig, print_fn=print) -> str:
         raise CheckpointError(f"checkpoint {step_dir} has no parameter {missing[0]}")
     tokenizer, note = choose_tokenizer(cfg.tokenizer, _read_recipe(step_dir), spec.vocab)
     verify(step_dir, manifest, checksum=True)
-    from .reshard import CheckpointReader  # torch: after every check of the input
+    from hybridpar.checkpoint.reshard import CheckpointReader  # torch: after every check of the input
 
     parent = os.path.dirname(os.path.abspath(cfg.out_dir))
     os.makedirs(parent, exist_ok=True)

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..model import canonical_params, shard_positions
-from .files import CheckpointError
-from .hf_layout import CanonicalParam, canonical_layout, check_hf_dir
-from .optim import OptimizerView
+from hybridpar.runtime.model import canonical_params, shard_positions
+from hybridpar.checkpoint.files import CheckpointError
+from hybridpar.checkpoint.hf_layout import CanonicalParam, canonical_layout, check_hf_dir
+from hybridpar.checkpoint.optim import OptimizerView
 
 
 def _runs(positions: list[int]) -> list[tuple[int, int]]:
@@ -90,7 +90,7 @@ class HFInit:
         self.hf_dir, self.print_fn = hf_dir, print_fn
 
     def on_start(self, job, first_step: int) -> int:
-        from .load import on_every_rank
+        from hybridpar.checkpoint.load import on_every_rank
 
         def load() -> int:
             return load_hf_into(job, self.hf_dir, check_hf_dir(self.hf_dir, job.plan.model, job.tied))

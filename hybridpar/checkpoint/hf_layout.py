@@ -21,7 +21,7 @@ import os
 import struct
 from dataclasses import dataclass
 
-from .files import CheckpointError
+from hybridpar.checkpoint.files import CheckpointError
 
 # hybridpar.model.ModelOptions.norm_eps: the RMSNorm epsilon every hybridpar model uses.
 NORM_EPS = 1e-5

@@ -16,7 +16,7 @@ import json
 import os
 import shutil
 
-from ..errors import UsageError
+from hybridpar.errors import UsageError
 
 BYTE = "byte"
 BYTE_EOD_TOKEN = "<|endoftext|>"
@@ -25,7 +25,7 @@ COPIED = ("tokenizer_config.json", "special_tokens_map.json")
 
 def choose_tokenizer(override: str | None, recipe: dict | None, vocab: int) -> tuple[str, str]:
     """(tokenizer spec for ``load_tokenizer``, a note saying where it came from)."""
-    from ..data.tokenizers import check_vocab, load_tokenizer
+    from hybridpar.data.tokenizers import check_vocab, load_tokenizer
 
     if override:
         spec, note = override, f"{override} (--tokenizer)"
@@ -83,7 +83,7 @@ def write_tokenizer(spec: str, out: str) -> int:
     """Write the tokenizer files into ``out``; returns the end-of-document id (config's eos)."""
     from tokenizers import Tokenizer
 
-    from ..data.tokenizers import ByteTokenizer, load_tokenizer
+    from hybridpar.data.tokenizers import ByteTokenizer, load_tokenizer
 
     if spec == BYTE:
         byte_tokenizer().save(os.path.join(out, "tokenizer.json"))

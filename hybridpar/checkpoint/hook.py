@@ -5,8 +5,8 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from .load import load_checkpoint
-from .save import begin_save, finish_save
+from hybridpar.checkpoint.load import load_checkpoint
+from hybridpar.checkpoint.save import begin_save, finish_save
 
 
 @dataclass(frozen=True)

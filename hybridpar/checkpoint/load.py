@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ..model import canonical_params
-from . import rng
-from .compat import check_compatible, layout_text, same_ranks
-from .files import CheckpointError, check_file, read_manifest, resolve
-from .optim import MOMENTS, OptimizerView
-from .reshard import CheckpointReader
-from .save import param_meta
+from hybridpar.runtime.model import canonical_params
+from hybridpar.checkpoint import rng
+from hybridpar.checkpoint.compat import check_compatible, layout_text, same_ranks
+from hybridpar.checkpoint.files import CheckpointError, check_file, read_manifest, resolve
+from hybridpar.checkpoint.optim import MOMENTS, OptimizerView
+from hybridpar.checkpoint.reshard import CheckpointReader
+from hybridpar.checkpoint.save import param_meta
 
 
 def _agree(error: str | None) -> None:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .files import CheckpointError
+from hybridpar.checkpoint.files import CheckpointError
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 

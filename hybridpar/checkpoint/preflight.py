@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from .compat import check_compatible
-from .files import LATEST, MANIFEST, CheckpointError, Manifest, read_manifest, step_dir_name, verify, STEP_DIR
+from hybridpar.checkpoint.compat import check_compatible
+from hybridpar.checkpoint.files import LATEST, MANIFEST, CheckpointError, Manifest, read_manifest, step_dir_name, verify, STEP_DIR
 
 # Up to this size the pre-launch check also verifies checksums (a few seconds of reading);
 # above it the ranks verify them while loading, each file once, spread over all ranks.

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import torch
 
-from .files import CheckpointError, Manifest, load_tensors, read_manifest, verify
+from hybridpar.checkpoint.files import CheckpointError, Manifest, load_tensors, read_manifest, verify
 
 KEYS = ("param", "exp_avg", "exp_avg_sq")
 
@@ -117,7 +117,7 @@ class CheckpointReader:
 
     def tensor(self, cname: str, key: str, tp: int, tp_rank: int) -> torch.Tensor:
         """``cname``'s shard for TP rank ``tp_rank`` of ``tp`` (any TP size), shaped."""
-        from ..model import full_from_shards, shard_of_full
+        from hybridpar.runtime.model import full_from_shards, shard_of_full
 
         meta = self.meta(cname)
         if meta["split"] < 0:  # replicated over TP: every TP rank saved the same values; read one
@@ -130,7 +130,7 @@ class CheckpointReader:
         return shard_of_full(cname, old, full, tp_rank, tp).contiguous()
 
     def rank_data(self, rank: int) -> dict | None:
-        from .files import rank_file_name
+        from hybridpar.checkpoint.files import rank_file_name
 
         name = rank_file_name(rank)
         return self.file(name) if name in self.manifest.files else None

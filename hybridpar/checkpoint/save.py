@@ -27,10 +27,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from ..model import canonical_params
-from . import rng
-from .files import CheckpointError, Manifest, commit, prune, rank_file_name, remove_partials, step_dir_name, write_bytes, write_tensors
-from .optim import OptimizerView
+from hybridpar.runtime.model import canonical_params
+from hybridpar.checkpoint import rng
+from hybridpar.checkpoint.files import CheckpointError, Manifest, commit, prune, rank_file_name, remove_partials, step_dir_name, write_bytes, write_tensors
+from hybridpar.checkpoint.optim import OptimizerView
 
 
 def param_meta(cname: str, p, tp: int) -> dict:

@@ -18,8 +18,8 @@ import importlib
 # prepare and tokenizers import no torch; the rest are loaded on first use, so that `hybridpar
 # data` and train's pre-flight checks answer before torch and megatron are imported. (`prepare` is
 # bound here, not lazily: the submodule of the same name would shadow the function.)
-from .prepare import PreparedData, prepare
-from .tokenizers import ByteTokenizer, HFTokenizer, VocabMismatchError, check_vocab, load_tokenizer
+from hybridpar.data.prepare import PreparedData, prepare
+from hybridpar.data.tokenizers import ByteTokenizer, HFTokenizer, VocabMismatchError, check_vocab, load_tokenizer
 
 _HOME = {
     "BatchPrefetcher": "prefetch", "IndexedTokens": "indexed", "SyntheticTokens": "batches",

@@ -11,10 +11,10 @@ from __future__ import annotations
 import hashlib
 import os
 
-from ..errors import UsageError
-from .index_check import check_index
-from .prepare import PreparedData, prepare, read_meta
-from .tokenizers import Tokenizer
+from hybridpar.errors import UsageError
+from hybridpar.data.index_check import check_index
+from hybridpar.data.prepare import PreparedData, prepare, read_meta
+from hybridpar.data.tokenizers import Tokenizer
 
 CORPUS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 

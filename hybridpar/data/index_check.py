@@ -14,8 +14,8 @@ import os
 import struct
 from dataclasses import dataclass
 
-from ..errors import UsageError
-from .prepare import read_meta
+from hybridpar.errors import UsageError
+from hybridpar.data.prepare import read_meta
 
 HEADER = b"MMIDIDX\x00\x00"
 FIXED = len(HEADER) + 8 + 1 + 8 + 8  # header, version, dtype code, S, D

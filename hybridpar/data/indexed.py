@@ -24,10 +24,10 @@ from functools import lru_cache
 import numpy
 import torch
 
-from ..errors import UsageError
-from .index_check import check_index
-from .prepare import read_meta
-from .tokenizers import check_vocab, load_tokenizer
+from hybridpar.errors import UsageError
+from hybridpar.data.index_check import check_index
+from hybridpar.data.prepare import read_meta
+from hybridpar.data.tokenizers import check_vocab, load_tokenizer
 
 
 class MegatronTokenizerAdapter:
@@ -107,7 +107,7 @@ class IndexedTokens:
 
 
 def _build_gpt_dataset(prefix: str, seq_len: int, seed: int, tokenizer, cache_dir: str | None):
-    from ._megatron import import_megatron
+    from hybridpar.data._megatron import import_megatron
 
     BlendedMegatronDatasetBuilder = import_megatron(
         "megatron.core.datasets.blended_megatron_dataset_builder"

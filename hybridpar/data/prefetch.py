@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
-from .batches import replica_batch
+from hybridpar.data.batches import replica_batch
 
 
 class BatchPrefetcher:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import os
 
-from ..errors import UsageError
-from .index_check import check_index
-from .prepare import read_meta
-from .sources import KINDS
-from .tokenizers import BYTE, check_vocab, load_tokenizer
+from hybridpar.errors import UsageError
+from hybridpar.data.index_check import check_index
+from hybridpar.data.prepare import read_meta
+from hybridpar.data.sources import KINDS
+from hybridpar.data.tokenizers import BYTE, check_vocab, load_tokenizer
 
 
 def check_data_source(kind: str, *, model_vocab: int, path: str | None = None, tokenizer: str | None = None) -> None:

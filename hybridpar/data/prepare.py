@@ -16,8 +16,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Iterator, Sequence
 
-from ..errors import UsageError
-from .tokenizers import Tokenizer
+from hybridpar.errors import UsageError
+from hybridpar.data.tokenizers import Tokenizer
 
 JSONL_SUFFIXES = (".jsonl", ".json")
 
@@ -108,7 +108,7 @@ class _Builder:
         import numpy
         import torch
 
-        from ._megatron import import_megatron
+        from hybridpar.data._megatron import import_megatron
 
         self._numpy, self._torch = numpy, torch
         indexed = import_megatron("megatron.core.datasets.indexed_dataset")

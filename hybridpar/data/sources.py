@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import UsageError
-from .tokenizers import check_vocab, load_tokenizer
+from hybridpar.errors import UsageError
+from hybridpar.data.tokenizers import check_vocab, load_tokenizer
 
 if TYPE_CHECKING:
-    from .batches import TokenSource
+    from hybridpar.data.batches import TokenSource
 
 KINDS = ("synthetic", "embedded", "indexed")
 
@@ -35,13 +35,13 @@ def make_token_source(
     (kinds "embedded" and "indexed"): call it on every rank.
     """
     if kind == "synthetic":
-        from .batches import SyntheticTokens
+        from hybridpar.data.batches import SyntheticTokens
 
         return SyntheticTokens(seq_len=seq_len, global_batch_size=global_batch_size, vocab_size=model_vocab, seed=seed)
-    from .indexed import IndexedTokens
+    from hybridpar.data.indexed import IndexedTokens
 
     if kind == "embedded":
-        from .embedded import ensure_embedded
+        from hybridpar.data.embedded import ensure_embedded
 
         tok = load_tokenizer(tokenizer or "byte")
         check_vocab(tok.vocab_size, model_vocab, tok.name)

@@ -6,7 +6,7 @@ import math
 
 import numpy
 
-from .index_check import check_index
+from hybridpar.data.index_check import check_index
 
 
 def token_counts(prefix: str) -> numpy.ndarray:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from typing import Iterable, Protocol
 
-from ..errors import UsageError
+from hybridpar.errors import UsageError
 
 BYTE = "byte"
 

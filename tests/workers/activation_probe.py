@@ -12,9 +12,9 @@ warnings.filterwarnings("ignore")
 
 
 def main(cases: list) -> list:
-    from topology.models import PRESETS
+    from hybridpar.topology.models import PRESETS
 
-    from hybridpar.activation_audit import measure
+    from hybridpar.observe.activation_audit import measure
 
     out = []
     for model, tp, seq, recompute in cases:

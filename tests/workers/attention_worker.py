@@ -19,11 +19,11 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from topology.models import PRESETS  # noqa: E402
-from topology.plan import Plan  # noqa: E402
+from hybridpar.topology.models import PRESETS  # noqa: E402
+from hybridpar.topology.plan import Plan  # noqa: E402
 
-from hybridpar.mesh import Mesh  # noqa: E402
-from hybridpar.model import ModelOptions, build_model  # noqa: E402
+from hybridpar.runtime.mesh import Mesh  # noqa: E402
+from hybridpar.runtime.model import ModelOptions, build_model  # noqa: E402
 from results_io import run_alone  # noqa: E402
 
 

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from hybridpar import grad_sync  # noqa: E402
+from hybridpar.zero import grad_sync  # noqa: E402
 from results_io import run_alone  # noqa: E402
 
 

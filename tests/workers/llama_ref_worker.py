@@ -21,12 +21,12 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from topology.models import PRESETS  # noqa: E402
-from topology.plan import Plan  # noqa: E402
+from hybridpar.topology.models import PRESETS  # noqa: E402
+from hybridpar.topology.plan import Plan  # noqa: E402
 
-from hybridpar.engine import OptimConfig  # noqa: E402
-from hybridpar.llama_ref import LlamaReference, RefOptions  # noqa: E402
-from hybridpar.train import Job  # noqa: E402
+from hybridpar.zero.engine import OptimConfig  # noqa: E402
+from hybridpar.runtime.llama_ref import LlamaReference, RefOptions  # noqa: E402
+from hybridpar.runtime.train import Job  # noqa: E402
 from results_io import run_alone  # noqa: E402
 
 

@@ -16,7 +16,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from hybridpar.llama_ref import LlamaReference, RefOptions
+from hybridpar.runtime.llama_ref import LlamaReference, RefOptions
 
 
 def schedule(step: int, peak: float, floor: float, warmup: int, total: int) -> float:

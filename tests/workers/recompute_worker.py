@@ -24,13 +24,13 @@ import torch.distributed as dist  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from topology.models import PRESETS  # noqa: E402
-from topology.plan import Plan  # noqa: E402
+from hybridpar.topology.models import PRESETS  # noqa: E402
+from hybridpar.topology.plan import Plan  # noqa: E402
 
 from hybridpar.data import SyntheticTokens  # noqa: E402
-from hybridpar.engine import OptimConfig  # noqa: E402
-from hybridpar.launch import init_distributed  # noqa: E402
-from hybridpar.train import Job  # noqa: E402
+from hybridpar.zero.engine import OptimConfig  # noqa: E402
+from hybridpar.launch.local import init_distributed  # noqa: E402
+from hybridpar.runtime.train import Job  # noqa: E402
 from results_io import finish  # noqa: E402
 
 MODEL = PRESETS["tiny"]

@@ -19,7 +19,7 @@ def finish(out_dir: str, results: dict) -> None:
 
 def run_alone(compute) -> None:
     """A one-process worker: a world of one around ``compute()``, whose dict goes to sys.argv[1]."""
-    from hybridpar.launch import init_distributed, shutdown
+    from hybridpar.launch.local import init_distributed, shutdown
 
     init_distributed()
     try:

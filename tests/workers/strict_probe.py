@@ -7,7 +7,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from hybridpar.launch import init_distributed, shutdown
+from hybridpar.launch.local import init_distributed, shutdown
 
 
 def _outcome(case) -> str:

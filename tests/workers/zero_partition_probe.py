@@ -19,14 +19,14 @@ warnings.filterwarnings("ignore")
 
 
 def main(zero_stage: int) -> dict:
-    from topology.layout import RankLayout
-    from topology.models import PRESETS
-    from topology.stages import Stage
+    from hybridpar.topology.layout import RankLayout
+    from hybridpar.topology.models import PRESETS
+    from hybridpar.topology.stages import Stage
 
-    from hybridpar.engine import OptimConfig, StageEngine
-    from hybridpar.memory_audit import count_stage, fake_world
-    from hybridpar.mesh import Mesh
-    from hybridpar.model import ModelOptions, build_model
+    from hybridpar.zero.engine import OptimConfig, StageEngine
+    from hybridpar.observe.memory_audit import count_stage, fake_world
+    from hybridpar.runtime.mesh import Mesh
+    from hybridpar.runtime.model import ModelOptions, build_model
 
     layout = RankLayout(tp=2, cp=1, pp=2, dp=3)
     with fake_world(layout.world_size, layout.rank(pp=0)):

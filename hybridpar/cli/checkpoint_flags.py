@@ -1,0 +1,153 @@
+"""``hybridpar train``'s checkpoint flags: where and how often to save, and what to resume from.
+
+Everything here runs before any process group exists (no torch import), so bad input is one
+line with exit code 2: a missing resume directory, no complete checkpoint in it, a checkpoint
+of another model, already at/after the last step, or trained with other settings (another
+--steps, schedule, batch or seed) unless ``--allow-changes``; a Hugging Face directory
+(``--init-from-hf``) whose config or tensors do not match the recipe's model.
+
+Checkpoints go to ``<out>/ckpt`` unless ``--save-dir`` says otherwise; saving is on when the
+recipe's ``checkpoint.save`` is true or --save-dir / --save-every is given, off with --no-save.
+``--resume auto`` continues from the save directory's newest usable checkpoint and starts fresh
+when there is none (what a requeued job script runs). A checkpoint that ``latest`` names but that
+cannot be used is named, and the older one used instead is announced with the steps it costs.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, replace
+
+from hybridpar.cli.flags import flags_argv
+from hybridpar.errors import UsageError
+
+FLAGS = ("save_dir", "save_every", "keep_last", "resume", "init_from_hf")
+SWITCHES = ("no_save", "sync_save", "overwrite", "allow_changes")
+AUTO = "auto"
+
+
+@dataclass(frozen=True)
+class CheckpointPlan:
+    """What this run saves and resumes, resolved from recipe and flags before any rank starts."""
+
+    save_dir: str | None  # None: no checkpoints
+    resume: str | None  # a step directory, or None: a fresh run
+    resumed_step: int = 0
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--save-dir", help="save checkpoints into this directory instead of OUT/ckpt (turns saving on)")
+    p.add_argument("--save-every", type=int, help="save every N steps (and always after the last step; turns saving on)")
+    p.add_argument("--keep-last", type=int, help="keep only the newest K checkpoints (default: all)")
+    p.add_argument("--no-save", action="store_true", help="save no checkpoints, whatever the recipe says")
+    p.add_argument("--sync-save", action="store_true",
+                   help="write every checkpoint before training goes on (default: periodic saves in the background)")
+    p.add_argument("--resume", help="continue from a checkpoint: a save directory (its latest), one step-NNNNNN, "
+                                    "or 'auto': the save directory's latest if there is one, else start fresh")
+    p.add_argument("--overwrite", action="store_true",
+                   help="start over in a run/save directory that holds an earlier run (deletes its metrics and checkpoints)")
+    p.add_argument("--init-from-hf", metavar="DIR",
+                   help="start from Hugging Face Llama weights (config.json + safetensors); optimizer state fresh")
+    p.add_argument("--allow-changes", action="store_true",
+                   help="resume even though --steps, the LR schedule, the global batch or the seed differ from the checkpoint's")
+
+
+def apply(recipe, args, out: str):
+    """(recipe with the flags applied, CheckpointPlan)."""
+    for key in ("save_every", "keep_last"):
+        value = getattr(args, key, None)
+        if value is not None and value < 0:
+            raise UsageError(f"--{key.replace('_', '-')} must be >= 0, got {value}")
+    if args.init_from_hf and args.resume and args.resume != AUTO:
+        raise UsageError("--init-from-hf and --resume both give the first weights: choose one")
+    keys = ("save_every", "keep_last", "init_from_hf")
+    changes = {k: getattr(args, k) for k in keys if getattr(args, k, None) is not None}
+    if args.save_dir or args.save_every is not None:
+        changes["save"] = True
+    if args.no_save:
+        changes["save"] = False
+    if args.sync_save:
+        changes["async_save"] = False
+    recipe = replace(recipe, checkpoint=replace(recipe.checkpoint, **changes)) if changes else recipe
+    save_dir = (args.save_dir or os.path.join(out, "ckpt")) if recipe.checkpoint.save else None
+    resume = args.resume
+    if resume == AUTO:
+        resume = save_dir if save_dir and _has_checkpoint(save_dir) else None
+    if not resume:
+        if recipe.checkpoint.init_from_hf:  # a fresh start from Hugging Face weights
+            from hybridpar.checkpoint.hf_layout import check_hf_dir
+
+            plan = recipe.to_plan_unresolved()
+            check_hf_dir(recipe.checkpoint.init_from_hf, plan.model, plan.model.tied_embeddings)
+        return recipe, CheckpointPlan(save_dir, None)
+    from hybridpar.checkpoint import inspect_resume
+
+    found = inspect_resume(resume, recipe.to_plan_unresolved())
+    if found.skipped and _is_launcher():
+        newest = found.skipped[0]
+        print(f"hybridpar train: warning: checkpoint {newest.path} is unusable ({newest.reason}); resuming from "
+              f"{found.step_dir} instead: {newest.step - found.manifest.step} step(s) will be trained again",
+              file=sys.stderr, flush=True)
+    step = found.manifest.step
+    if step >= recipe.train.steps:
+        raise UsageError(f"checkpoint {found.step_dir} is at step {step}: nothing left to train with --steps {recipe.train.steps}")
+    if not args.allow_changes:
+        _refuse_changes(found, recipe)
+    return recipe, CheckpointPlan(save_dir, found.step_dir, step)
+
+
+def _is_launcher() -> bool:
+    """Only the launching process (or rank 0 under a cluster launcher) speaks before training."""
+    from hybridpar.reliability.run_dir import CLAIMED_ENV
+
+    return not os.environ.get(CLAIMED_ENV) and os.environ.get("RANK", "0") == "0"
+
+
+def _has_checkpoint(save_dir: str) -> bool:
+    from hybridpar.checkpoint.files import complete_steps
+
+    return os.path.isdir(save_dir) and bool(complete_steps(save_dir))
+
+
+# What a resumed run must share with the run that saved the checkpoint, unless --allow-changes:
+# (name, the checkpoint's value, this run's value, the flag or key that sets it).
+def _settings(manifest, recipe) -> list[tuple[str, object, object, str]]:
+    t, optim = recipe.train, manifest.optim
+    return [
+        ("total steps", optim.get("total_steps"), t.steps, "--steps"),
+        ("peak LR", optim.get("lr"), t.lr, "train.lr"),
+        ("minimum LR", optim.get("min_lr"), t.min_lr, "train.min_lr"),
+        ("warm-up steps", optim.get("warmup_steps"), t.warmup_steps, "train.warmup_steps"),
+        ("LR scaling base batch", optim.get("lr_scale_base_batch"), t.lr_scale_base_batch, "train.lr_scale_base_batch"),
+        ("global batch", manifest.plan.get("global_batch"), t.global_batch, "--global-batch"),
+        ("seed", manifest.seed, t.seed, "--seed"),
+    ]
+
+
+def _refuse_changes(found, recipe) -> None:
+    for name, saved, now, how in _settings(found.manifest, recipe):
+        if saved is not None and saved != now:
+            raise UsageError(f"checkpoint {found.step_dir} was trained with {name} {saved}, this run has {now} ({how}): "
+                             f"resuming would silently change the run; use {how} {saved}, or pass --allow-changes")
+
+
+def argv(args) -> list[str]:
+    """The flags again, for the ranks' command line."""
+    return flags_argv(args, FLAGS) + [f"--{k.replace('_', '-')}" for k in SWITCHES if getattr(args, k, False)]
+
+
+def hooks(recipe, plan: CheckpointPlan, print_fn=print, stop=None) -> list:
+    """The train() hooks for this run: the Hugging Face start, the checkpointer (each when used)."""
+    c = recipe.checkpoint
+    init = []
+    if c.init_from_hf and not plan.resume:  # a resumed run takes its weights from the checkpoint
+        from hybridpar.checkpoint.hf_import import HFInit
+
+        init = [HFInit(c.init_from_hf, print_fn=print_fn)]
+    if not plan.save_dir and not plan.resume:
+        return init
+    from hybridpar.checkpoint.hook import CheckpointConfig, Checkpointer
+
+    config = CheckpointConfig(save_dir=plan.save_dir, save_every=c.save_every, resume=plan.resume, keep_last=c.keep_last,
+                              background=c.async_save)
+    return init + [Checkpointer(config, last_step=recipe.train.steps, recipe=recipe, print_fn=print_fn, stop=stop)]

@@ -1,0 +1,73 @@
+"""`hybridpar data prepare`: tokenize text into megatron-core's indexed format (.bin/.idx)."""
+from __future__ import annotations
+
+from hybridpar.errors import UsageError
+
+HELP = "prepare training data: tokenize text or JSON lines into megatron .bin/.idx files"
+
+
+def add_arguments(p):
+    sub = p.add_subparsers(dest="data_command", metavar="ACTION", parser_class=type(p))
+    sub.required = True
+    prep = sub.add_parser(
+        "prepare",
+        help="tokenize INPUT files (or the embedded corpus) into PREFIX.bin/.idx",
+        description=(
+            "Tokenize plain-text files (each file is one document) or JSON-lines files (.jsonl/.json, "
+            "one document per line) into megatron-core's indexed dataset PREFIX.bin + PREFIX.idx, "
+            "with an end-of-document token after every document."
+        ),
+    )
+    prep.add_argument("inputs", nargs="*", metavar="INPUT", help="text or JSON-lines files")
+    prep.add_argument("--embedded", action="store_true", help="prepare the shipped corpus (three Shakespeare plays)")
+    prep.add_argument("--tokenizer", default="byte", help="'byte' (built in, vocab 257) or a tokenizer.json path")
+    prep.add_argument("--eod-token", help="end-of-document token of a tokenizer.json (default: found by name)")
+    prep.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json")
+    prep.add_argument("--json-key", default="text", help="key holding the text in JSON lines (default: text)")
+    prep.add_argument("--quiet", action="store_true", help="no progress bar")
+    info = sub.add_parser("info", help="documents, tokens and unigram entropy of a prepared PREFIX")
+    info.add_argument("prefix", metavar="PREFIX", help="path prefix of PREFIX.bin/.idx")
+
+
+def run(args) -> int:
+    return info(args) if args.data_command == "info" else prepare_data(args)
+
+
+def info(args) -> int:
+    import os
+
+    from hybridpar.data.prepare import read_meta
+    from hybridpar.data.stats import bits_to_nats, entropy_bits, token_counts
+
+    if not (os.path.isfile(args.prefix + ".bin") and os.path.isfile(args.prefix + ".idx")):
+        raise UsageError(f"no {args.prefix}.bin/.idx: give the --out PREFIX of `hybridpar data prepare`")
+    meta = read_meta(args.prefix)
+    counts = token_counts(args.prefix)  # checks the .bin against the .idx first
+    bits = entropy_bits(counts)
+    print(f"{args.prefix}: {int(counts.sum())} tokens", end="")
+    print(f", {meta.documents} documents, tokenizer {meta.tokenizer} (vocab {meta.vocab_size})" if meta else "")
+    print(f"unigram entropy {bits:.4f} bits = {bits_to_nats(bits):.4f} nats per token")
+    return 0
+
+
+def prepare_data(args) -> int:
+    from hybridpar.data.prepare import prepare
+    from hybridpar.data.tokenizers import load_tokenizer
+
+    if args.embedded and args.inputs:
+        raise UsageError("give INPUT files or --embedded, not both")
+    if args.embedded:
+        from hybridpar.data.embedded import corpus_files
+
+        inputs = corpus_files()
+    elif not args.inputs:
+        raise UsageError("no input files: give text or JSON-lines files, or --embedded")
+    else:
+        inputs = args.inputs
+    tokenizer = load_tokenizer(args.tokenizer, args.eod_token)
+    data = prepare(inputs, args.out, tokenizer, json_key=args.json_key, progress=not args.quiet)
+    print(
+        f"wrote {data.prefix}.bin/.idx: {data.documents} documents, {data.tokens} tokens "
+        f"(tokenizer {data.tokenizer}, vocab {data.vocab_size}, end-of-document id {data.eod})"
+    )
+    return 0

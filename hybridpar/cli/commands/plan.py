@@ -1,0 +1,279 @@
+"""`hybridpar plan`: search TP x CP x PP x DP (and micro-batch, virtual stages, ZeRO, recomputation)
+for a model on a fleet of GPUs, and print the ranked plans, their memory and time, and why the
+rejected layouts were rejected. Pure Python: imports topology/ only, never torch."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from hybridpar.topology.hardware import CATALOGUE, GIB, HardwareError, load_gpu
+from hybridpar.topology.memory import PARTS, TIGHT_MARGIN
+from hybridpar.topology.models import load_model
+from hybridpar.topology.plan import PRECISIONS, RECOMPUTE_MODES
+from hybridpar.topology.search import Request, search
+from hybridpar.topology.software import PROFILES
+from hybridpar.topology import validation
+
+from hybridpar.errors import UsageError
+
+OTHER_PARTS = PARTS[4:]  # beyond weights, gradients, optimizer state and activations
+HELP = "plan the TP x CP x PP x DP layout of a model on N GPUs (DP outermost), ranked by step time"
+
+DEFAULT_TOKENS = 16 * 1024 * 1024  # Llama 3's 16M-token batch (Table 4)
+# What runs the plan: hybridpar's own runtime (default); megatron-core's stack (distributed
+# optimizer with the DP reduction overlapped, classic ZeRO-2, fp32 gradient reduction); or, to
+# evaluate an older published layout, Megatron-LM 2021 (local or torch DDP) or DeepSpeed's
+# pipeline engine (topology/software.py says what each does).
+SOFTWARE = PROFILES
+PINS = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "micro_batch": "micro_batch", "vpp": "vpp",
+        "zero": "zero_stage", "recompute": "recompute"}
+
+
+def add_arguments(p):
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--validate", action="store_true",
+                      help="print the published runs the planner is checked against: reported vs predicted MFU, "
+                      "signed error, memory verdict, median error and bias (docs/planner.md)")
+    what.add_argument("--model", help="preset name or a .json/.yaml model file")
+    what.add_argument("--recipe", help="a training recipe (hybridpar/recipe.py): its model, seq_len, "
+                      "global_batch, cluster and parallel sizes (as pins); flags override it")
+    p.add_argument("--gpus", type=int, help="number of GPUs (required with --model or --recipe)")
+    p.add_argument("--gpu", help=f"GPU type: {', '.join(CATALOGUE)} (default h100-80gb), or a .json/.yaml GPU "
+                   "file (its keys replace those of the catalogue GPU it names as base, e.g. a measured gemm_fraction)")
+    p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the GPU's, 8)")
+    p.add_argument("--seq-len", type=int, help="sequence length (default 8192)")
+    batch = p.add_mutually_exclusive_group()
+    batch.add_argument("--global-batch", type=int, help="global batch in sequences")
+    batch.add_argument("--global-batch-tokens", type=int,
+                       help="global batch in tokens (default 16,777,216; must divide by --seq-len)")
+    p.add_argument("--precision", default="bf16", choices=[x for x in PRECISIONS if x != "fp32"])
+    for axis in ("tp", "pp", "cp", "dp", "micro-batch", "vpp", "zero"):
+        p.add_argument(f"--{axis}", type=int, help=f"pin {axis}")
+    p.add_argument("--recompute", choices=list(RECOMPUTE_MODES), help="pin activation recomputation")
+    p.add_argument("--software", choices=list(SOFTWARE), default="hybridpar",
+                   help="the training software the plan is for (default hybridpar: its own runtime; "
+                   "megatron-core; megatron-lm-2021, megatron-lm-2022, megatron-lm-2021-torch-ddp and deepspeed-pipe-bf16 to "
+                   "evaluate older published layouts)")
+    p.add_argument("--network-gbit", type=float,
+                   help="scale-out network per GPU and direction, Gbit/s (default: the GPU's catalogue "
+                   "node, 400 for H100/H200/H800, 200 for A100)")
+    p.add_argument("--headroom", type=float, default=0.0, metavar="PERCENT",
+                   help="share of each GPU's memory a plan must leave free, in percent (default 0; recipes use 10)")
+    p.add_argument("--top", type=int, default=5, help="plans to show (default 5)")
+    p.add_argument("--json", action="store_true", help='print {"plans": [...], "rejected": [...]}')
+
+
+# Recipe parallel keys that become pins (dp is not one: it follows from --gpus).
+RECIPE_PINS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "zero": "zero_stage",
+               "micro_batch": "micro_batch", "recompute": "recompute"}
+
+
+def recipe_defaults(path: str) -> dict:
+    """What a recipe contributes to the request: model, seq_len, global batch (sequences), GPU,
+    GPUs per node, and pins for the parallel sizes the file writes out. hybridpar.recipe is
+    torch-free at import (tests/test_planner_imports.py checks it with this module)."""
+    import yaml
+
+    from hybridpar.config.recipe import load_recipe
+
+    recipe = load_recipe(path)
+    model = recipe.model
+    tied = recipe.train.tied_embeddings
+    if tied is not None and tied != model.tied_embeddings:
+        from dataclasses import replace
+
+        model = replace(model, tied_embeddings=tied)
+    written = (yaml.safe_load(Path(path).read_text()) or {}).get("parallel") or {}
+    return {"model": model, "seq_len": recipe.train.seq_len or None,
+            "global_batch": recipe.train.global_batch or None, "gpu": recipe.cluster.gpu,
+            "gpus_per_node": recipe.cluster.gpus_per_node,
+            "pins": {name: getattr(recipe.parallel, key) for key, name in RECIPE_PINS.items() if key in written}}
+
+
+def build_request(args) -> tuple[Request, int]:
+    if not (args.model or args.recipe):
+        raise UsageError("give --model NAME|FILE or --recipe FILE (with --gpus N), or --validate")
+    if args.gpus is None:
+        raise UsageError("--gpus N is required: the number of GPUs to plan for")
+    base = recipe_defaults(args.recipe) if args.recipe else {"pins": {}}
+    if args.seq_len is None:
+        args.seq_len = base.get("seq_len") or 8192
+    if args.global_batch is None and args.global_batch_tokens is None:
+        args.global_batch = base.get("global_batch")
+    args.gpu = args.gpu or base.get("gpu") or "h100-80gb"
+    args.gpus_per_node = args.gpus_per_node or base.get("gpus_per_node")
+    for key in ("gpus", "gpus_per_node", "seq_len", "global_batch", "global_batch_tokens", "top",
+                "tp", "pp", "cp", "dp", "micro_batch", "vpp"):
+        value = getattr(args, key)
+        if value is not None and value < 1:
+            raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
+    if not 0 <= args.headroom < 100:
+        raise UsageError(f"--headroom is a percentage of GPU memory to leave free, from 0 to below 100; got {args.headroom}")
+    if args.network_gbit is not None and not 0 < args.network_gbit < math.inf:
+        raise UsageError(f"--network-gbit must be a positive number of Gbit/s per GPU, got {args.network_gbit}")
+    software = SOFTWARE[getattr(args, "software", "hybridpar")]
+    if software.name == "deepspeed-pipe-bf16" and args.precision != "bf16":
+        raise UsageError(f"--software deepspeed-pipe-bf16 models DeepSpeed's BF16_Optimizer; use --precision bf16, "
+                         f"not {args.precision}")
+    if args.zero is not None and args.zero not in (0, 1, 2, 3):
+        raise UsageError(f"--zero must be 0, 1, 2 or 3, got {args.zero}")
+    try:
+        gpu = load_gpu(args.gpu)
+        if args.precision == "fp8":
+            gpu.peak_tflops("fp8")
+    except HardwareError as err:
+        raise UsageError(str(err)) from None
+    per_node = args.gpus_per_node or gpu.gpus_per_node
+    if args.gpus > per_node and args.gpus % per_node:
+        raise UsageError(f"--gpus {args.gpus} is not a multiple of --gpus-per-node {per_node}")
+    model = base["model"] if args.recipe else load_model(args.model)
+    if args.global_batch is not None:
+        seqs = args.global_batch
+    else:
+        tokens = args.global_batch_tokens or DEFAULT_TOKENS
+        if tokens % args.seq_len:
+            raise UsageError(f"--global-batch-tokens {tokens} is not a multiple of --seq-len {args.seq_len}")
+        seqs = tokens // args.seq_len
+    pins = {**base["pins"], **{name: getattr(args, arg) for arg, name in PINS.items() if getattr(args, arg) is not None}}
+    layout = [pins.get(a) for a in ("tp", "cp", "pp", "dp")]
+    product = 1
+    for size in layout:
+        product *= size or 1
+    if all(layout) and product != args.gpus:
+        raise UsageError(f"--tp x --cp x --pp x --dp = {product}, but --gpus is {args.gpus}")
+    if args.gpus % product:
+        raise UsageError(f"pinned sizes multiply to {product}, which does not divide --gpus {args.gpus}")
+    if "micro_batch" in pins and "dp" in pins and seqs % (pins["dp"] * pins["micro_batch"]):
+        raise UsageError(f"global batch {seqs} sequences not divisible by --dp x --micro-batch = "
+                         f"{pins['dp']} x {pins['micro_batch']}")
+    req = Request(model=model, gpus=args.gpus, global_batch=seqs, seq_len=args.seq_len, gpu=gpu.name, gpu_spec=gpu,
+                  gpus_per_node=per_node, precision=args.precision, pins=pins,
+                  software=software,
+                  network_gbps=None if args.network_gbit is None else args.network_gbit / 8,
+                  headroom=args.headroom / 100)
+    return req, args.top
+
+
+def run(args) -> int:
+    if args.validate:
+        print(json.dumps(validation_json(), indent=1) if args.json else render_validation())
+        return 0
+    req, top = build_request(args)
+    result = search(req, top=top)
+    if args.json:
+        print(json.dumps({"plans": [plan_json(req, e) for e in result.plans],
+                          "rejected": [r.to_json() for r in result.rejected]}, indent=1))
+        return 0
+    print(render(req, result))
+    return 0
+
+
+def region_note(req: Request, e) -> str | None:
+    p = e.plan
+    return validation.outside_validated_region(p.model.total_params, req.hardware().name, p.model.hidden // p.tp,
+                                               p.seq_len)
+
+
+def plan_json(req: Request, e) -> dict:
+    """A plan's JSON: topology.search.Evaluated.to_json plus its ranges and, outside the validated
+    region, the note saying so."""
+    c = e.cost
+    return {**e.to_json(), "mfu_range": [round(x, 4) for x in validation.mfu_range(c.mfu)],
+            "step_time_s_range": [round(x, 4) for x in validation.step_time_range(c.step_time_s)],
+            "validated_region": region_note(req, e)}
+
+
+def _pct(x: float | None) -> str:
+    return "" if x is None else f"{x:.1%}"
+
+
+def render_validation() -> str:
+    rows, s = validation.checks(), validation.summary()
+    head = (f"{'run':<36} {'GPUs':>5} {'layout TP/PP/CP/DP':<22} {'reported':>8} {'predicted':>9} {'error':>7} "
+            f"{'GiB':>6} memory")
+    lines = ["Published runs, each costed with its published layout and the software profile of the stack "
+             "that ran it (topology/cases.py); MFU in model FLOPs over the dense 16-bit peak", "", head, "-" * len(head)]
+    for r in rows:
+        err = "" if r.error is None else f"{r.error:+.1%}"
+        lines.append(f"{r.id:<36} {r.gpus:>5} {r.layout:<22} {_pct(r.reported_mfu):>8} {r.predicted_mfu:>9.1%} "
+                     f"{err:>7} {r.memory_gib:>6.1f} {r.memory_verdict}")
+    lo, hi = s.ratio_range
+    lines += ["", f"{s.timed} runs with a reported throughput: median |error| {s.median_abs_error:.1%}, signed bias "
+              f"(median error) {s.signed_bias:+.1%}, {s.within} within {validation.TOLERANCE:.0%}",
+              f"memory verdicts right: {s.memory_right} of {s.memory_checked} (runs that ran predicted to fit, "
+              "runs that ran out of memory predicted not to)"]
+    lines += [f"ranking inside sweep {name}: Spearman {rho:.2f} (predicted vs reported MFU)" for name, rho in s.sweeps.items()]
+    lines.append(f"range given with every prediction: reported/predicted {lo:.2f}-{hi:.2f} "
+                 f"({validation.RANGE_PERCENTILES[0]}th-{validation.RANGE_PERCENTILES[1]}th percentile)")
+    return "\n".join(lines)
+
+
+def validation_json() -> dict:
+    s = validation.summary()
+    return {"runs": [{"id": r.id, "gpus": r.gpus, "layout": r.layout, "reported_mfu": r.reported_mfu,
+                      "predicted_mfu": round(r.predicted_mfu, 4),
+                      "error": None if r.error is None else round(r.error, 4), "memory_gib": round(r.memory_gib, 2),
+                      "fits": r.fits, "ran": r.ran, "memory_verdict": r.memory_verdict} for r in validation.checks()],
+            "median_abs_error": round(s.median_abs_error, 4), "signed_bias": round(s.signed_bias, 4),
+            "within_15_percent": s.within, "timed": s.timed, "memory_right": s.memory_right,
+            "memory_checked": s.memory_checked, "reported_over_predicted_range": [round(x, 4) for x in s.ratio_range],
+            "sweep_spearman": {k: round(v, 3) for k, v in s.sweeps.items()}}
+
+
+def render(req: Request, result) -> str:
+    gpu = req.hardware()
+    network = "" if req.network_gbps is None else f", network {req.network_gbps * 8:g} Gbit/s per GPU"
+    if req.headroom:
+        network += f", {req.headroom:.0%} of memory left free"
+    lines = [f"{req.model.name} on {req.gpus} x {gpu.name} ({req.gpus_per_node} per node{network}), seq {req.seq_len}, "
+             f"global batch {req.global_batch} seqs = {req.global_batch * req.seq_len:,} tokens, {req.precision}, "
+             f"planned for {req.software.label}; "
+             f"{result.examined} configurations examined, {result.evaluated} fit and were costed"]
+    head = (f"{'#':>2} {'TP':>3} {'CP':>3} {'PP':>4} {'DP':>5} {'VPP':>3} {'mb':>3} {'GA':>4} {'Z':>1} "
+            f"{'recomp':<9} {'step s (range)':>21} {'tok/s':>10} {'TFLOP/s':>7} {'MFU (range)':>13} {'bubble':>6} "
+            f"{'GiB':>5} fits")
+    lines += ["", head, "-" * len(head)]
+    for i, e in enumerate(result.plans, 1):
+        p, c = e.plan, e.cost
+        slo, shi = validation.step_time_range(c.step_time_s)
+        mlo, mhi = validation.mfu_range(c.mfu)
+        step = f"{c.step_time_s:.3g} ({slo:.3g}-{shi:.3g})"
+        mfu = f"{c.mfu:.0%} ({mlo * 100:.0f}-{mhi:.0%})"
+        fits = "yes" if e.fits else "NO"
+        if e.fits and e.memory.tight(gpu.memory_bytes):
+            fits = "tight"
+        lines.append(f"{i:>2} {p.tp:>3} {p.cp:>3} {p.pp:>4} {p.dp:>5} {p.vpp:>3} {p.micro_batch:>3} "
+                     f"{p.grad_accum:>4} {p.zero_stage:>1} {p.recompute:<9} {step:>21} "
+                     f"{c.tokens_per_s:>10,.0f} {c.tflops_per_gpu:>7.1f} {mfu:>13} {c.bubble_fraction:>6.1%} "
+                     f"{e.memory.total / GIB:>5.1f} {fits}")
+    lines.append(validation.RANGE_NOTE)
+    notes = {note for note in (region_note(req, e) for e in result.plans) if note}
+    lines += sorted(notes)
+    lighter = [str(i) for i, e in enumerate(result.plans, 1) if e.plan.lighter_end_stages]
+    if lighter:
+        lines.append(f"plans {', '.join(lighter)}: lighter end stages (Llama 3): {req.model.layers} layers + embedding + "
+                     f"loss over pp x vpp model chunks, the first and last holding one layer fewer")
+    lines += ["", "Memory per GPU, GiB (largest pipeline stage):"]
+    for i, e in enumerate(result.plans, 1):
+        g = e.memory.gib()
+        lines.append(f"{i:>2} {e.memory.stage:<12} weights {g['params']:>6.2f}  grads {g['grads']:>6.2f}  "
+                     f"optimizer {g['optimizer']:>6.2f}  activations {g['activations']:>6.2f}  "
+                     f"other {e.memory.overhead / GIB:>5.2f}  total {g['total']:>6.2f} of {gpu.memory_gib:.0f}"
+                     f"{f'  (tight: within {TIGHT_MARGIN:.0%} of capacity)' if e.fits and e.memory.tight(gpu.memory_bytes) else ''}")
+        other = [f"{k.replace('_', ' ')} {g[k]:.2f}" for k in OTHER_PARTS if g[k]]
+        lines.append(f"{'':>15}other: {', '.join(other)}")
+    lines += ["", "Time per step, seconds (exposed, on the slowest pipeline rank):"]
+    for i, e in enumerate(result.plans, 1):
+        c = e.cost
+        lines.append(f"{i:>2} compute {c.compute_s:>8.3f}  bubble {c.bubble_s:>7.3f}  TP {c.tp_s:>7.3f}  "
+                     f"CP {c.cp_s:>7.3f}  PP {c.pp_s:>7.3f}  DP {c.dp_s:>7.3f}  optimizer {c.optimizer_s:>6.3f}")
+    if result.rejected:
+        lines += ["", f"Rejected layout families ({len(result.rejected)}), tightest first:"]
+        shown = sorted(result.rejected, key=lambda r: (r.need_bytes == 0, r.need_bytes))[:12]
+        for r in shown:
+            where = f"TP={r.tp}" if not r.dp else f"TP={r.tp} CP={r.cp} PP={r.pp} DP={r.dp}"
+            lines.append(f"  {where:<28} {r.reason}")
+        if len(result.rejected) > len(shown):
+            lines.append(f"  ... {len(result.rejected) - len(shown)} more (--json lists all)")
+    return "\n".join(lines)

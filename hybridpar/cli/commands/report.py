@@ -1,0 +1,33 @@
+"""`hybridpar report RUN_DIR`: summary table and loss/throughput curves of a training run."""
+from __future__ import annotations
+
+import os
+
+from hybridpar.errors import UsageError
+
+HELP = "summarize a run's metrics.jsonl and draw loss and throughput curves to PNG"
+
+
+def add_arguments(p):
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the training run's output directory (holds metrics.jsonl)")
+    p.add_argument("--out", metavar="DIR", help="where to write loss.png and throughput.png (default: RUN_DIR)")
+    p.add_argument(
+        "--loss-baseline", type=float, metavar="NATS", help="draw a reference loss, e.g. the corpus' unigram entropy"
+    )
+    p.add_argument("--no-plots", action="store_true", help="print the summary only")
+
+
+def run(args) -> int:
+    from hybridpar.observe.report import format_summary, load_metrics, plot, summarize
+
+    records = load_metrics(args.run_dir)
+    print(format_summary(summarize(records)))
+    if not args.no_plots:
+        out = args.out or args.run_dir
+        try:
+            os.makedirs(out, exist_ok=True)
+        except OSError as err:
+            raise UsageError(f"cannot create {out}: {err.strerror}; choose another --out") from None
+        for path in plot(records, out, args.loss_baseline):
+            print(f"wrote {path}")
+    return 0

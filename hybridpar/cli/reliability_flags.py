@@ -1,0 +1,50 @@
+"""``hybridpar train``'s reliability flags: --timeout-s, --check-replicas, --on-drift.
+
+The recipe may set the same things (``reliability: {timeout_s: 120, check_replicas: 50,
+on_drift: stop}``, ``hybridpar.recipe.ReliabilitySection``); flags win. ``timeout_s`` is the
+process-group timeout: a collective whose peers stopped answering fails after that long
+instead of hanging (a peer that died outright is usually noticed at once, see README
+"Reliability"). Fault injection for tests (``HYBRIDPAR_FAULT``) is in ``hybridpar.faults``.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hybridpar.cli.flags import flags_argv
+from hybridpar.errors import UsageError
+
+FLAGS = ("timeout_s", "check_replicas", "on_drift")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--timeout-s", type=int, help="process-group timeout in seconds: a stuck collective fails after this (default 600)")
+    p.add_argument("--check-replicas", type=int, metavar="N",
+                   help="every N steps, check that all DP replicas hold bit-identical parameters (0: never)")
+    p.add_argument("--on-drift", choices=("stop", "warn"), help="when replicas differ: stop (exit 3, default) or warn and go on")
+
+
+def apply(recipe, args):
+    for key in ("timeout_s", "check_replicas"):
+        value = getattr(args, key, None)
+        if value is not None and (value < 0 or (value == 0 and key == "timeout_s")):
+            low = "a positive integer" if key == "timeout_s" else ">= 0"
+            raise UsageError(f"--{key.replace('_', '-')} must be {low}, got {value}")
+    changes = {k: getattr(args, k) for k in FLAGS if getattr(args, k, None) is not None}
+    return replace(recipe, reliability=replace(recipe.reliability, **changes)) if changes else recipe
+
+
+def argv(args) -> list[str]:
+    return flags_argv(args, FLAGS)
+
+
+def hooks(recipe, print_fn=print) -> list:
+    """Fault injection (tests only), then the replica check: both go before the checkpoint hook."""
+    from hybridpar.reliability.faults import hooks_from_env
+
+    before = hooks_from_env()
+    r = recipe.reliability
+    if r.check_replicas > 0:
+        from hybridpar.reliability.replicas import ReplicaCheck
+
+        before.append(ReplicaCheck(r.check_replicas, r.on_drift, print_fn=print_fn))
+    return before

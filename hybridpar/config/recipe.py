@@ -1,0 +1,377 @@
+"""Recipes: one YAML file that says what to train and how to lay it out.
+
+```yaml
+name: tiny
+model: tiny            # a preset name (topology.models.PRESETS), a .json/.yaml path, or a mapping of ModelSpec keys
+parallel: {tp: 2, pp: 2, dp: 2, cp: 1, vpp: 1, zero: 1, micro_batch: 2, sequence_parallel: false, order: tp-cp-pp-dp,
+           recompute: none,  # activation recomputation: none | selective (core attention) | full (whole layers)
+           overlap_grad_reduce: true,    # DP gradient reduction during the last backward (hybridpar.grad_sync)
+           overlap_param_gather: true}   # ZeRO 1/2 weight gather behind the next forward (hybridpar.param_gather)
+train: {global_batch: 16, seq_len: 32, steps: 5, lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 2,
+        weight_decay: 0.1, grad_clip: 1.0, seed: 0, precision: auto}
+data: {source: synthetic}   # or {source: embedded, tokenizer: byte} / {source: indexed, path: PREFIX}
+cluster: {gpu: h100-80gb, gpus_per_node: 8}   # a GPU recipe: refuses to train without CUDA unless --allow-cpu
+checkpoint: {save: true, save_every: 50, keep_last: 0,   # into OUT/ckpt (or --save-dir): hybridpar.checkpoint
+             init_from_hf: hf/llama}   # start from Hugging Face weights (hybridpar.checkpoint.hf_import)
+generate: {prompt: "Ham.\n", tokens: 200, temperature: 0.0}    # a sample after the last step (hybridpar.generate)
+```
+
+Every section and key is optional except ``model`` and ``train.global_batch``/``seq_len``;
+unknown keys, wrong types and every layout rule of ``topology.plan.Plan`` are errors, found
+by ``load_recipe``/``Recipe.validate`` before any process starts. ``parallel.dp`` may be left
+out: it is then derived from the world size (dp = world / (tp x cp x pp)).
+
+Extension points: a new section is one dataclass in ``SECTIONS``; data sources are whatever ``hybridpar.data.make_token_source`` knows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Optional, Union, get_args, get_origin, get_type_hints
+
+from hybridpar.topology.layout import DEFAULT_ORDER, ORDERS
+from hybridpar.topology.models import PRESETS, ModelSpec, ModelSpecError, load_model, model_from_dict
+from hybridpar.topology.plan import RECOMPUTE_MODES, Plan
+from hybridpar.topology.spec_files import read_mapping
+
+from hybridpar.errors import UsageError
+
+PRECISIONS = ("auto", "fp32", "bf16")
+ZERO_STAGES = (0, 1, 2)
+
+
+@dataclass(frozen=True)
+class ParallelSection:
+    tp: int = 1
+    pp: int = 1
+    dp: Optional[int] = None  # None: world / (tp x cp x pp)
+    cp: int = 1
+    vpp: int = 1
+    zero: int = 1
+    micro_batch: int = 1
+    sequence_parallel: bool = False
+    order: str = DEFAULT_ORDER
+    recompute: str = "none"  # none | selective | full (hybridpar.model.transformer_config)
+    # DP gradient reduction issued bucket by bucket during the last backward (hybridpar.grad_sync);
+    # false: DeepSpeed reduces after the backward.
+    overlap_grad_reduce: bool = True
+    # ZeRO 1/2: the updated weights gathered bucket by bucket behind the next forward
+    # (hybridpar.param_gather); false: DeepSpeed gathers them inside its step.
+    overlap_param_gather: bool = True
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    global_batch: int = 0
+    seq_len: int = 0
+    steps: int = 10
+    lr: float = 3e-4
+    min_lr: float = 3e-5
+    warmup_steps: int = 0
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    lr_scale_base_batch: int = 0  # > 0: linear LR scaling, lr x global_batch / this
+    seed: int = 0
+    precision: str = "auto"  # auto: fp32 on CPU, bf16 on GPU
+    tied_embeddings: Optional[bool] = None  # None: the model's own setting (untied for Llama)
+
+
+@dataclass(frozen=True)
+class DataSection:
+    source: str = "synthetic"  # synthetic | embedded | indexed (hybridpar.data.make_token_source)
+    path: Optional[str] = None
+    tokenizer: Optional[str] = None
+    data_dir: Optional[str] = None
+    cache_dir: Optional[str] = None
+
+    def build(self, *, seq_len: int, global_batch: int, vocab: int, seed: int):
+        """The token source (batch contract of hybridpar.data). Collective for file sources."""
+        from hybridpar.data import make_token_source
+
+        return make_token_source(
+            self.source, seq_len=seq_len, global_batch_size=global_batch, model_vocab=vocab, seed=seed,
+            path=self.path, tokenizer=self.tokenizer, data_dir=self.data_dir, cache_dir=self.cache_dir,
+        )
+
+
+@dataclass(frozen=True)
+class ClusterSection:
+    """The GPUs the recipe is for. A recipe that names a GPU refuses to train on a machine without
+    CUDA unless ``--allow-cpu`` (commands/train.py); without one it is a CPU recipe, and the planner
+    figures it shows are for the planner's default GPU."""
+
+    gpu: Optional[str] = None
+    gpus_per_node: int = 8
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    """Whether and how often to save (hybridpar.checkpoint), and where the first weights come from.
+    Checkpoints go to the run directory's ckpt/ (``--out``), or to ``--save-dir``;
+    ``--save-every``/``--keep-last``/``--no-save``/``--sync-save``/``--init-from-hf`` override."""
+
+    save: bool = False
+    save_every: int = 0  # 0: only after the last step (and at an early stop)
+    keep_last: int = 0  # 0: keep every checkpoint
+    async_save: bool = True  # periodic saves written in the background while training goes on
+    # A Hugging Face Llama directory to take the initial weights from (``--init-from-hf``);
+    # optimizer state starts fresh; ignored when the run resumes from a checkpoint.
+    init_from_hf: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class ReliabilitySection:
+    """Failure handling (hybridpar.reliability_cli); ``--timeout-s``/``--check-replicas``/``--on-drift`` override."""
+
+    timeout_s: int = 600  # process-group timeout: a stuck collective fails after this long
+    check_replicas: int = 0  # every N steps, check DP replicas are bit-identical (0: never)
+    on_drift: str = "stop"  # stop (exit 3) | warn
+
+
+@dataclass(frozen=True)
+class GenerateSection:
+    """A text sample from the trained model after the last step (hybridpar.generate);
+    ``--sample-prompt``/``--sample-tokens`` override."""
+
+    prompt: str = ""
+    tokens: int = 0  # 0: no sample
+    temperature: float = 0.0  # 0: greedy
+    top_k: int = 0  # 0: whole vocabulary
+    seed: int = 0
+
+    def config(self):
+        from hybridpar.observe.sample import SampleConfig
+
+        return SampleConfig(prompt=self.prompt, tokens=self.tokens, temperature=self.temperature, top_k=self.top_k,
+                            seed=self.seed)
+
+
+SECTIONS = {"parallel": ParallelSection, "train": TrainSection, "data": DataSection, "cluster": ClusterSection,
+            "checkpoint": CheckpointSection, "reliability": ReliabilitySection, "generate": GenerateSection}
+TOP_KEYS = ("name", "model", *SECTIONS)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    model: ModelSpec
+    name: str = "recipe"
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    data: DataSection = field(default_factory=DataSection)
+    cluster: ClusterSection = field(default_factory=ClusterSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    reliability: ReliabilitySection = field(default_factory=ReliabilitySection)
+    generate: GenerateSection = field(default_factory=GenerateSection)
+
+    # --- derived ------------------------------------------------------------------------
+    def model_parallel_size(self) -> int:
+        p = self.parallel
+        return p.tp * p.cp * p.pp
+
+    def with_world(self, world: int) -> "Recipe":
+        """Fill in dp from the world size, or check it against the world size."""
+        p, mp = self.parallel, self.model_parallel_size()
+        if p.dp is None:
+            if world % mp:
+                raise UsageError(f"world size {world} is not divisible by tp x cp x pp = {p.tp} x {p.cp} x {p.pp}")
+            return replace(self, parallel=replace(p, dp=world // mp))
+        if p.dp * mp != world:
+            raise UsageError(
+                f"world size {world} != tp x cp x pp x dp = {p.tp} x {p.cp} x {p.pp} x {p.dp} = {p.dp * mp}"
+            )
+        return self
+
+    def resolved_precision(self) -> str:
+        if self.train.precision != "auto":
+            return self.train.precision
+        import torch
+
+        return "bf16" if torch.cuda.is_available() else "fp32"
+
+    def to_plan(self) -> Plan:
+        p, t = self.parallel, self.train
+        model = self.model
+        if t.tied_embeddings is not None and t.tied_embeddings != model.tied_embeddings:
+            model = replace(model, tied_embeddings=t.tied_embeddings)
+        return Plan(
+            model=model, seq_len=t.seq_len, global_batch=t.global_batch, tp=p.tp, cp=p.cp, pp=p.pp,
+            dp=p.dp if p.dp is not None else 1, vpp=p.vpp, micro_batch=p.micro_batch, zero_stage=p.zero,
+            sequence_parallel=p.sequence_parallel, precision=self.resolved_precision(), order=p.order,
+            recompute=p.recompute,
+            **({"gpu": self.cluster.gpu} if self.cluster.gpu else {}), gpus_per_node=self.cluster.gpus_per_node,
+        ).with_default_split()
+
+    def optim_config(self):
+        from hybridpar.zero.engine import OptimConfig
+
+        t = self.train
+        return OptimConfig(
+            lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, total_steps=t.steps,
+            weight_decay=t.weight_decay, beta1=t.beta1, beta2=t.beta2, eps=t.eps,
+            grad_clip=t.grad_clip, lr_scale_base_batch=t.lr_scale_base_batch,
+        )
+
+    # --- validation ---------------------------------------------------------------------
+    def problems(self) -> list[str]:
+        """Every reason this recipe cannot run (beyond the world size), each one line."""
+        p, t, out = self.parallel, self.train, []
+        if p.order not in ORDERS:
+            out.append(f"parallel.order {p.order!r} unknown; choose one of {', '.join(ORDERS)}")
+        if p.zero not in ZERO_STAGES:
+            out.append(f"parallel.zero {p.zero} not supported: use 0, 1 or 2 (ZeRO-3 is not part of this runtime)")
+        if p.recompute not in RECOMPUTE_MODES:
+            out.append(f"parallel.recompute must be one of {', '.join(RECOMPUTE_MODES)}, got {p.recompute!r}")
+        if t.precision not in PRECISIONS:
+            out.append(f"train.precision must be one of {', '.join(PRECISIONS)}, got {t.precision!r}")
+        for key in ("steps", "global_batch", "seq_len"):
+            if getattr(t, key) < 1:
+                out.append(f"train.{key} must be a positive integer, got {getattr(t, key)}")
+        for key in ("warmup_steps", "lr_scale_base_batch", "seed"):
+            if getattr(t, key) < 0:
+                out.append(f"train.{key} must be >= 0, got {getattr(t, key)}")
+        for key in ("min_lr", "weight_decay", "grad_clip", "eps"):
+            if getattr(t, key) < 0:
+                out.append(f"train.{key} must be >= 0, got {getattr(t, key)}")
+        if t.lr <= 0:
+            out.append(f"train.lr must be > 0, got {t.lr}: the weights would never change")
+        elif t.min_lr > t.lr:
+            default = " (its default)" if t.min_lr == TrainSection.min_lr else ""
+            out.append(f"train.min_lr {t.min_lr:g}{default} is above train.lr {t.lr:g}: the cosine decay would "
+                       f"rise instead; set min_lr <= lr")
+        if p.dp is not None and p.dp < 1:
+            out.append(f"parallel.dp must be a positive integer, got {p.dp}")
+        if p.tp > 0 and self.model.vocab % p.tp:
+            out.append(f"vocab {self.model.vocab} not divisible by tp {p.tp} (vocab-parallel embedding)")
+        for key in ("save_every", "keep_last"):
+            if getattr(self.checkpoint, key) < 0:
+                out.append(f"checkpoint.{key} must be >= 0, got {getattr(self.checkpoint, key)}")
+        rel = self.reliability
+        if rel.timeout_s < 1 or rel.check_replicas < 0 or rel.on_drift not in ("stop", "warn"):
+            out.append(f"reliability: timeout_s must be >= 1, check_replicas >= 0, on_drift stop or warn; got {rel}")
+        g = self.generate
+        if g.tokens < 0 or g.temperature < 0 or g.top_k < 0:
+            out.append(f"generate: tokens, temperature and top_k must be >= 0; got {g}")
+        if self.data.source == "indexed" and not self.data.path:
+            out.append("data.source indexed needs data.path (the .bin/.idx prefix)")
+        if not out:
+            plan = self.to_plan_unresolved()
+            out.extend(plan.violations())
+        return out
+
+    def warnings(self) -> list[str]:
+        """Settings that are legitimate in a short trial but rarely meant in a real run."""
+        t = self.train
+        if t.warmup_steps > t.steps:
+            return [f"train.warmup_steps {t.warmup_steps} is longer than the run's {t.steps} steps: it ends during "
+                    f"warm-up at {t.steps / t.warmup_steps:.1%} of lr {t.lr:g} and never decays (fine for a short "
+                    f"trial; set warmup_steps below steps for a real run)"]
+        return []
+
+    def to_plan_unresolved(self) -> Plan:
+        """The Plan for validation only (precision 'auto' kept as fp32: no torch import)."""
+        r = self if self.train.precision != "auto" else replace(self, train=replace(self.train, precision="fp32"))
+        return r.to_plan()
+
+    def validate(self, world: Optional[int] = None) -> "Recipe":
+        recipe = self.with_world(world) if world is not None else self
+        problems = recipe.problems()
+        if problems:
+            raise UsageError(problems[0])
+        return recipe
+
+
+# --- loading --------------------------------------------------------------------------
+def _type_ok(value, hint) -> bool:
+    if get_origin(hint) is Union:
+        return any(_type_ok(value, h) for h in get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    return True
+
+
+def _type_name(hint) -> str:
+    if get_origin(hint) is Union:
+        return " or ".join(_type_name(h) for h in get_args(hint) if h is not type(None))
+    return {int: "an integer", float: "a number", bool: "true/false", str: "a string"}.get(hint, str(hint))
+
+
+def _section(cls, data, name: str):
+    if data is None:
+        return cls()
+    if not isinstance(data, dict):
+        raise UsageError(f"recipe section '{name}' must be a mapping, got {type(data).__name__}")
+    hints = get_type_hints(cls)
+    allowed = [f.name for f in fields(cls)]
+    unknown = sorted(set(map(str, data)) - set(allowed))
+    if unknown:
+        raise UsageError(f"unknown key '{name}.{unknown[0]}' in recipe; allowed in '{name}': {', '.join(allowed)}")
+    for key, value in data.items():
+        if not _type_ok(value, hints[key]):
+            raise UsageError(f"recipe key '{name}.{key}' must be {_type_name(hints[key])}, got {value!r}")
+        if hints[key] is float and isinstance(value, int):
+            data = dict(data, **{key: float(value)})
+    return cls(**data)
+
+
+def _model(value, source: str) -> ModelSpec:
+    try:
+        if isinstance(value, str):
+            if value in PRESETS:
+                return PRESETS[value]
+            path = Path(value)
+            if not path.is_absolute() and source and not path.exists():
+                candidate = Path(source).parent / path
+                if candidate.exists():
+                    path = candidate
+            return load_model(str(path))
+        if isinstance(value, dict):
+            return model_from_dict(value, "model")
+    except ModelSpecError as err:
+        raise UsageError(str(err)) from None
+    raise UsageError(f"recipe key 'model' must be a preset name, a model file or a mapping, got {value!r}")
+
+
+def recipe_from_dict(data, source: str = "recipe") -> Recipe:
+    if not isinstance(data, dict):
+        raise UsageError(f"recipe {source}: expected a mapping at the top level, got {type(data).__name__}")
+    unknown = sorted(set(map(str, data)) - set(TOP_KEYS))
+    if unknown:
+        raise UsageError(f"unknown key '{unknown[0]}' in recipe {source}; allowed: {', '.join(TOP_KEYS)}")
+    if "model" not in data:
+        raise UsageError(f"recipe {source} has no 'model' key")
+    name = data.get("name", Path(source).stem)
+    if not isinstance(name, str):
+        raise UsageError(f"recipe key 'name' must be a string, got {name!r}")
+    sections = {key: _section(cls, data.get(key), key) for key, cls in SECTIONS.items()}
+    return Recipe(model=_model(data["model"], source), name=name, **sections)
+
+
+def load_recipe(path: str) -> Recipe:
+    """Read and check a recipe file (types and keys; layout rules via ``Recipe.validate``)."""
+    data = read_mapping(path, "recipe", UsageError)
+    return recipe_from_dict(data, path)
+
+
+def with_overrides(recipe: Recipe, **flags) -> Recipe:
+    """Command-line flags over the recipe. Keys: tp pp dp cp vpp zero micro_batch recompute global_batch steps seed."""
+    parallel_keys = {"tp", "pp", "dp", "cp", "vpp", "zero", "micro_batch", "sequence_parallel", "recompute"}
+    train_keys = {"global_batch", "steps", "seed", "seq_len", "lr", "precision"}
+    par = {k: v for k, v in flags.items() if k in parallel_keys and v is not None}
+    tr = {k: v for k, v in flags.items() if k in train_keys and v is not None}
+    unknown = set(flags) - parallel_keys - train_keys
+    if unknown:
+        raise UsageError(f"unknown override(s): {', '.join(sorted(unknown))}")
+    if any(k in par for k in ("tp", "pp", "cp")) and "dp" not in par:
+        par["dp"] = None  # re-derive dp from the world size for the new model-parallel size
+    return replace(recipe, parallel=replace(recipe.parallel, **par), train=replace(recipe.train, **tr))

@@ -1,0 +1,184 @@
+"""Read a run's metrics.jsonl, summarize it, and draw its loss and throughput curves to PNG.
+
+metrics.jsonl holds one JSON object per step: step, loss, grad_norm, lr, step_time_s,
+tokens_per_s, and optionally device, tflops_per_gpu (tflops_per_rank on CPU ranks), mfu (a fraction
+of the device's peak), predicted_step_time_s (the planner's estimate for the layout) and predicted_on
+(the GPU it is for). A CPU run's timings are never set beside a GPU prediction as a ratio. A resumed run appends steps it
+may already have logged; the last record of a step wins.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from dataclasses import dataclass
+
+from hybridpar.errors import UsageError
+from hybridpar.observe.metrics import per_device_tflops
+
+REQUIRED = ("step", "loss", "step_time_s", "tokens_per_s")
+
+
+@dataclass
+class Summary:
+    steps: int
+    first_step: int
+    last_step: int
+    first_loss: float
+    last_loss: float
+    min_loss: float
+    min_loss_step: int
+    median_step_time_s: float
+    total_time_s: float
+    median_tokens_per_s: float
+    last_lr: float | None = None
+    median_grad_norm: float | None = None
+    median_tflops_per_gpu: float | None = None
+    median_mfu: float | None = None
+    predicted_step_time_s: float | None = None
+    device: str | None = None  # "cpu", a catalogue GPU name, ...; None in files from before it was logged
+    predicted_on: str | None = None  # "h100-80gb bf16": what the prediction is for
+    tflops_unit: str = "gpu"  # "rank" on CPU ranks
+
+    @property
+    def on_cpu(self) -> bool:
+        return self.device == "cpu" or self.tflops_unit == "rank"
+
+
+def load_metrics(run_dir: str) -> list[dict]:
+    """The step records of RUN_DIR/metrics.jsonl, one per step, in step order."""
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.isdir(run_dir):
+        raise UsageError(f"run directory {run_dir} does not exist: give the --out directory of a training run")
+    if not os.path.isfile(path):
+        raise UsageError(f"no metrics.jsonl in {run_dir}: give the --out directory of a training run")
+    by_step = {}
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise UsageError(f"{path}:{number}: not JSON ({err.msg}); the file is damaged") from None
+            missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
+            if missing:
+                raise UsageError(f"{path}:{number}: missing {', '.join(missing)}; not a hybridpar metrics file")
+            by_step[int(record["step"])] = record
+    if not by_step:
+        raise UsageError(f"{path} is empty: the run logged no step yet")
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def _median(records: list[dict], key: str) -> float | None:
+    values = [r[key] for r in records if r.get(key) is not None]
+    return statistics.median(values) if values else None
+
+
+def summarize(records: list[dict]) -> Summary:
+    losses = [r["loss"] for r in records]
+    throughput = [per_device_tflops(r) for r in records]
+    per_device = [t for t, _ in throughput if t is not None]
+    best = min(range(len(records)), key=losses.__getitem__)
+    return Summary(
+        steps=len(records),
+        first_step=records[0]["step"],
+        last_step=records[-1]["step"],
+        first_loss=losses[0],
+        last_loss=losses[-1],
+        min_loss=losses[best],
+        min_loss_step=records[best]["step"],
+        median_step_time_s=_median(records, "step_time_s"),
+        total_time_s=sum(r["step_time_s"] for r in records),
+        median_tokens_per_s=_median(records, "tokens_per_s"),
+        last_lr=records[-1].get("lr"),
+        median_grad_norm=_median(records, "grad_norm"),
+        median_tflops_per_gpu=statistics.median(per_device) if per_device else None,
+        median_mfu=_median(records, "mfu"),
+        predicted_step_time_s=records[-1].get("predicted_step_time_s"),
+        device=records[-1].get("device"),
+        predicted_on=records[-1].get("predicted_on"),
+        tflops_unit=throughput[-1][1],
+    )
+
+
+def format_summary(s: Summary) -> str:
+    rows = [
+        ("steps", f"{s.steps} (steps {s.first_step}..{s.last_step})"),
+        ("loss", f"first {s.first_loss:.4f}   last {s.last_loss:.4f}   min {s.min_loss:.4f} (step {s.min_loss_step})"),
+        ("step time", f"median {s.median_step_time_s:.3f} s   total {s.total_time_s:.1f} s"),
+        ("tokens/s", f"median {s.median_tokens_per_s:,.0f}"),
+    ]
+    if s.predicted_step_time_s is not None:
+        on = f" on {s.predicted_on}" if s.predicted_on else ""
+        if s.on_cpu:
+            rows.append(("predicted", f"{s.predicted_step_time_s:.3f} s per step{on} (a GPU prediction; this run "
+                                      f"ran on CPU ranks, so no ratio)"))
+        else:
+            ratio = s.median_step_time_s / s.predicted_step_time_s if s.predicted_step_time_s else float("nan")
+            rows.append(("predicted", f"{s.predicted_step_time_s:.3f} s per step{on} (measured/predicted {ratio:.2f})"))
+    if s.median_tflops_per_gpu is not None:
+        tf = s.median_tflops_per_gpu
+        # CPU runs reach GFLOP/s, not TFLOP/s: keep significant digits instead of printing 0.00.
+        label = "TFLOP/s/rank" if s.on_cpu else "TFLOP/s/GPU"
+        rows.append((label, f"median {tf:.2f}" if tf >= 0.1 else f"median {tf:.3g} ({tf * 1e3:.3g} GFLOP/s)"))
+    if s.median_mfu is not None:
+        rows.append(("MFU", f"median {100 * s.median_mfu:.1f}%"))
+    if s.median_grad_norm is not None:
+        rows.append(("grad norm", f"median {s.median_grad_norm:.3g}"))
+    if s.last_lr is not None:
+        rows.append(("lr", f"last {s.last_lr:.3g}"))
+    return "\n".join(f"{k:<12} {v}" for k, v in rows)
+
+
+def _save_png(fig, path: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    try:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def plot(records: list[dict], out_dir: str, loss_baseline: float | None = None) -> list[str]:
+    """Write loss.png and throughput.png under out_dir; return their paths."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [r["step"] for r in records]
+    paths = [os.path.join(out_dir, "loss.png"), os.path.join(out_dir, "throughput.png")]
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, [r["loss"] for r in records], lw=1.2, label="loss")
+    if loss_baseline is not None:
+        ax.axhline(loss_baseline, color="gray", ls="--", lw=1, label=f"baseline {loss_baseline:.3f}")
+    ax.set(xlabel="step", ylabel="loss (nats/token)", title="Training loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    _save_png(fig, paths[0])
+    plt.close(fig)
+
+    panels = [("tokens_per_s", "tokens/s"), ("step_time_s", "step time (s)")]
+    if any(r.get("tflops_per_gpu") is not None for r in records):
+        panels.append(("tflops_per_gpu", "TFLOP/s per GPU"))
+    elif any(r.get("tflops_per_rank") is not None for r in records):
+        panels.append(("tflops_per_rank", "TFLOP/s per CPU rank"))
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.4 * len(panels)), sharex=True)
+    for ax, (key, label) in zip(axes, panels):
+        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+        ax.plot([p[0] for p in points], [p[1] for p in points], lw=1.2)
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+    predicted = records[-1].get("predicted_step_time_s")
+    if predicted is not None and not summarize(records).on_cpu:  # a GPU prediction is no line for CPU timings
+        on = records[-1].get("predicted_on")
+        axes[1].axhline(predicted, color="gray", ls="--", lw=1, label=f"planner's prediction{f' ({on})' if on else ''}")
+        axes[1].legend()
+    axes[0].set_title("Throughput")
+    axes[-1].set_xlabel("step")
+    _save_png(fig, paths[1])
+    plt.close(fig)
+    return paths

@@ -1,0 +1,175 @@
+"""Fault injection for the reliability tests and the soak benchmark: real signals, real bit flips.
+
+Test-only: nothing happens unless the environment variable ``HYBRIDPAR_FAULT`` is set, and then
+only through the ``train()`` hooks returned by ``hooks_from_env()`` (no branch anywhere else).
+The variable holds faults separated by ``;``, each ``KIND:key=value:key=value``:
+
+- ``kill-in-step:rank=R:step=K[:micro=M][:signal=SIGSTOP]``: global rank R sends itself SIGKILL
+  (or the named signal: SIGSTOP makes a hung rank) during step K, right after the forward pass
+  of its M-th micro-batch (default 1) on its first model chunk;
+- ``kill-in-save:rank=R:step=K``: rank R sends itself SIGKILL while the checkpoint of step K is
+  being written, right after its own shard file is written and fsync'd (other ranks may still
+  be writing theirs: the save is never committed);
+- ``fail-in-save:rank=R:step=K``: rank R's write of its checkpoint file for step K fails with an
+  OSError ("injected: no space left on device"), as a full disk would;
+- ``flip:rank=R:step=K[:tensor=NAME][:byte=B][:bit=b]``: after step K, rank R flips one bit of
+  one parameter in place (default: the first parameter, byte 0, bit 0), as silent data
+  corruption would. Put the hook before the replica check so that step K's check sees it.
+
+Every fault prints one line to stderr on the rank it fires on, so a run's log says what was done.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+
+from hybridpar.errors import UsageError
+
+ENV = "HYBRIDPAR_FAULT"
+KINDS = ("kill-in-step", "kill-in-save", "fail-in-save", "flip")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int
+    step: int
+    options: dict = field(default_factory=dict)
+
+    def int_option(self, key: str, default: int) -> int:
+        return int(self.options.get(key, default))
+
+
+def parse(text: str) -> list[Fault]:
+    faults = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        kind, *pairs = item.split(":")
+        if kind not in KINDS:
+            raise UsageError(f"{ENV}: unknown fault {kind!r}; known: {', '.join(KINDS)}")
+        values = {}
+        for pair in pairs:
+            key, sep, value = pair.partition("=")
+            if not sep:
+                raise UsageError(f"{ENV}: expected key=value in {item!r}, got {pair!r}")
+            values[key] = value
+        try:
+            rank, step = int(values.pop("rank")), int(values.pop("step"))
+        except (KeyError, ValueError):
+            raise UsageError(f"{ENV}: {item!r} needs integer rank= and step=") from None
+        faults.append(Fault(kind, rank, step, values))
+    return faults
+
+
+def _announce(what: str) -> None:
+    print(f"hybridpar fault injection: rank {_rank()}: {what} (at unix time {time.time():.3f})", file=sys.stderr, flush=True)
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank()
+
+
+def _die(what: str, sig: str = "SIGKILL") -> None:
+    _announce(f"{what}: {sig} to pid {os.getpid()}")
+    os.kill(os.getpid(), getattr(signal, sig))
+
+
+class KillInStep:
+    """Dies after the forward of micro-batch M of step K (a forward hook on the first chunk)."""
+
+    def __init__(self, fault: Fault):
+        self.fault, self.step, self.forwards = fault, None, 0
+
+    def on_start(self, job, first_step):
+        if _rank() == self.fault.rank:
+            job.chunks[0].register_forward_hook(self._after_forward)
+        return first_step
+
+    def on_step_begin(self, job, step):
+        self.step, self.forwards = step, 0
+
+    def _after_forward(self, module, inputs, output):
+        self.forwards += 1
+        micro = self.fault.int_option("micro", 1)
+        if self.step == self.fault.step and self.forwards == micro:
+            _die(f"step {self.step}, after the forward of micro-batch {micro}", self.fault.options.get("signal", "SIGKILL"))
+
+
+class KillInSave:
+    """Dies right after writing its own shard of the checkpoint of step K."""
+
+    def __init__(self, fault: Fault):
+        self.fault, self.step = fault, None
+
+    def on_start(self, job, first_step):
+        if _rank() == self.fault.rank:
+            from hybridpar.checkpoint import save
+
+            original = save.write_tensors
+
+            def write_then_die(path, obj):
+                record = original(path, obj)
+                if obj.get("header", {}).get("step") == self.fault.step:
+                    _die(f"checkpoint of step {self.fault.step}, after writing {path}")
+                return record
+
+            save.write_tensors = write_then_die
+        return first_step
+
+
+class FailInSave:
+    """Its write of the checkpoint file of step K fails (a full disk)."""
+
+    def __init__(self, fault: Fault):
+        self.fault = fault
+
+    def on_start(self, job, first_step):
+        if _rank() == self.fault.rank:
+            from hybridpar.checkpoint import save
+
+            original = save.write_tensors
+
+            def fail(path, obj):
+                if obj.get("header", {}).get("step") == self.fault.step:
+                    _announce(f"checkpoint of step {self.fault.step}: failing the write of {path}")
+                    raise OSError(28, "injected: no space left on device")
+                return original(path, obj)
+
+            save.write_tensors = fail
+        return first_step
+
+
+class FlipBit:
+    """Flips one bit of one parameter after step K (silent corruption of one replica)."""
+
+    def __init__(self, fault: Fault):
+        self.fault = fault
+
+    def on_step(self, job, metrics):
+        if metrics.step != self.fault.step or _rank() != self.fault.rank:
+            return
+        import torch
+
+        from hybridpar.runtime.model import canonical_params
+
+        wanted = self.fault.options.get("tensor")
+        params = dict(canonical_params(job.chunks))
+        name = wanted or next(iter(params))
+        if name not in params:
+            raise UsageError(f"{ENV}: rank {_rank()} holds no parameter {name!r}")
+        byte, bit = self.fault.int_option("byte", 0), self.fault.int_option("bit", 0)
+        with torch.no_grad():
+            params[name].data.view(-1).view(torch.uint8)[byte] ^= 1 << bit
+        _announce(f"flipped bit {bit} of byte {byte} of {name} after step {metrics.step}")
+
+
+_HOOKS = {"kill-in-step": KillInStep, "kill-in-save": KillInSave, "fail-in-save": FailInSave, "flip": FlipBit}
+
+
+def hooks_from_env(environ=os.environ) -> list:
+    """The fault hooks that ``HYBRIDPAR_FAULT`` asks for (none when it is unset)."""
+    return [_HOOKS[f.kind](f) for f in parse(environ.get(ENV, ""))]

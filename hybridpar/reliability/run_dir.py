@@ -1,0 +1,144 @@
+"""The run directory owns its run: no silent overwrite, no two runs at once, no duplicated steps.
+
+``claim(dirs, resuming, overwrite)`` runs once per job, before training starts (in the process that
+launches local ranks, or on rank 0 under a cluster launcher), and holds until the job ends:
+- a fresh run (no ``--resume``) into a run directory that already holds metrics or a plan, or
+  into a save directory that already holds checkpoints, is refused in one line naming
+  ``--resume auto`` and ``--overwrite``; ``--overwrite`` first deletes what hybridpar wrote there
+  (metrics.jsonl, plan.json, sample.txt, step-*/ and latest), nothing else;
+- each directory is locked (``flock`` on ``.hybridpar.lock``) for the run's lifetime: a second
+  run on the same directory is refused, naming the holder; the kernel drops the lock when the
+  holding process dies, however it dies, so a dead run never holds it.
+``keep_steps_before(metrics_path, first)`` drops the metrics a resumed run will write again.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+
+from hybridpar.errors import UsageError
+
+LOCK_NAME = ".hybridpar.lock"
+RUN_FILES = ("metrics.jsonl", "plan.json", "sample.txt")
+CLAIMED_ENV = "HYBRIDPAR_RUN_CLAIMED"  # set for ranks whose launcher holds the claim
+
+
+@dataclass(frozen=True)
+class RunDirs:
+    out: str
+    save_dir: str | None  # None: this run saves no checkpoints
+
+    def all(self) -> list[str]:
+        dirs = [self.out]
+        if self.save_dir and os.path.abspath(self.save_dir) != os.path.abspath(self.out):
+            dirs.append(self.save_dir)
+        return dirs
+
+
+def _checkpoints_in(save_dir: str) -> list[str]:
+    if not os.path.isdir(save_dir):
+        return []
+    return sorted(n for n in os.listdir(save_dir) if n == "latest" or n.startswith("step-"))
+
+
+def previous_run(dirs: RunDirs) -> list[str]:
+    """What an earlier run left that a fresh run would overwrite or mix with."""
+    found = [os.path.join(dirs.out, n) for n in RUN_FILES[:2] if os.path.isfile(os.path.join(dirs.out, n))]
+    if dirs.save_dir:
+        found += [os.path.join(dirs.save_dir, n) for n in _checkpoints_in(dirs.save_dir)]
+    return found
+
+
+def remove_previous_run(dirs: RunDirs) -> None:
+    for name in RUN_FILES:
+        path = os.path.join(dirs.out, name)
+        if os.path.isfile(path):
+            os.remove(path)
+    if dirs.save_dir:
+        for name in _checkpoints_in(dirs.save_dir):
+            path = os.path.join(dirs.save_dir, name)
+            shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
+
+
+@dataclass
+class RunClaim:
+    """The locks of a claimed run; released by ``release()`` or when the process ends."""
+
+    dirs: RunDirs
+    _files: list = field(default_factory=list)
+
+    def release(self) -> None:
+        for f in self._files:
+            f.close()  # closing the descriptor drops its flock
+        self._files.clear()
+
+
+def _lock(directory: str):
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, LOCK_NAME)
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "another process"
+        f.close()
+        raise UsageError(f"{directory} is in use by another run ({holder}); wait for it to end, or give this run "
+                         f"its own --out / --save-dir") from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+    f.flush()
+    return f
+
+
+def claim(dirs: RunDirs, resuming: bool, overwrite: bool) -> RunClaim:
+    """Lock the run's directories, then make sure a fresh run starts on a clean slate."""
+    held = RunClaim(dirs)
+    try:
+        for directory in dirs.all():
+            held._files.append(_lock(directory))
+        if not resuming:
+            found = previous_run(dirs)
+            if found and not overwrite:
+                shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
+                raise UsageError(f"{dirs.out} already holds a run ({shown}); continue it with --resume auto, or "
+                                 f"delete it and start over with --overwrite")
+            if found:
+                remove_previous_run(dirs)
+    except BaseException:
+        held.release()
+        raise
+    return held
+
+
+def keep_steps_before(metrics_path: str, first: int) -> int:
+    """Rewrite ``metrics_path`` (atomically) keeping only steps before ``first``: a resumed run
+    writes the later ones again. Returns how many records were dropped."""
+    if not os.path.isfile(metrics_path):
+        return 0
+    kept, dropped = [], 0
+    with open(metrics_path) as f:
+        for line in f:
+            try:
+                step = json.loads(line).get("step", 0)
+            except ValueError:  # a half-written last line of a killed run
+                dropped += 1
+                continue
+            if step < first:
+                kept.append(line if line.endswith("\n") else line + "\n")
+            else:
+                dropped += 1
+    if dropped:
+        tmp = f"{metrics_path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.writelines(kept)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, metrics_path)
+    return dropped
