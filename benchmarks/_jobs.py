@@ -64,8 +64,8 @@ def make_job(plan: Plan, steps: int = 100, lr: float = 1e-3, seed: int = 0, over
     ``overlap_param_gather``: ZeRO 1/2's weight gather behind the next forward (param_gather.py);
     False: inside DeepSpeed's step."""
     from hybridpar.data import SyntheticTokens
-    from hybridpar.zero.engine import OptimConfig
-    from hybridpar.runtime.train import Job
+    from hybridpar.config.optim import OptimConfig
+    from hybridpar.runtime.job import Job
 
     optim = OptimConfig(lr=lr, min_lr=lr / 10, warmup_steps=0, total_steps=steps)
     source = SyntheticTokens(plan.seq_len, plan.global_batch, plan.model.vocab, seed=seed)

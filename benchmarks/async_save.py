@@ -34,9 +34,9 @@ def worker(out: str, rounds: int, steps: int, save_every: int) -> None:
 
     from hybridpar.checkpoint.hook import CheckpointConfig, Checkpointer
     from hybridpar.data import SyntheticTokens
-    from hybridpar.zero.engine import OptimConfig
+    from hybridpar.config.optim import OptimConfig
     from hybridpar.launch.local import init_distributed
-    from hybridpar.runtime.train import Job
+    from hybridpar.runtime.job import Job
     from hybridpar.topology.plan import Plan
 
     init_distributed()

@@ -69,9 +69,9 @@ def main(argv=None) -> int:
         print("hybridpar bench gpu: no CUDA GPU here; run it on a machine with one GPU", file=sys.stderr)
         return 2
     from hybridpar.data import SyntheticTokens
-    from hybridpar.zero.engine import OptimConfig
+    from hybridpar.config.optim import OptimConfig
     from hybridpar.launch.local import init_distributed, shutdown
-    from hybridpar.runtime.train import Job
+    from hybridpar.runtime.job import Job
 
     init_distributed()
     try:

@@ -30,7 +30,8 @@ from hybridpar.topology.cost import FLASH_BACKWARD_RATIO, causal_attention_flops
 from hybridpar.topology.hardware import get_gpu
 
 from hybridpar.benchmarks._cli import BenchParser, int_list, positive_float, positive_int
-from hybridpar.benchmarks.results_io import replacing, write_result
+from hybridpar.benchmarks.results_io import write_result
+from hybridpar.files import replacing
 
 DEFAULT_SIZES = (4096, 8192, 12288, 16384)
 

@@ -5,11 +5,11 @@ import json
 import os
 import platform
 import sys
-import tempfile
-from contextlib import contextmanager
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
+
+from hybridpar.files import replacing  # the benchmarks' CSV and chart writers take it from here
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 _PACKAGES = ("torch", "deepspeed", "megatron-core", "hybridpar")
@@ -32,23 +32,6 @@ def environment() -> dict:
         },
         "versions": versions,
     }
-
-
-@contextmanager
-def replacing(target: Path, mode: str = "w", **open_kwargs):
-    """A temp file beside ``target``, renamed over it only when the block completes: a crash leaves
-    the previous result in place, never a half-written one."""
-    target = Path(target)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, mode, **open_kwargs) as f:
-            yield f
-        os.chmod(tmp, 0o644)  # mkstemp creates 0600; results are meant to be read by anyone
-        os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def write_result(name: str, payload: dict, command: str | None = None, directory: Path = RESULTS_DIR) -> Path:

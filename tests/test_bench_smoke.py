@@ -235,7 +235,7 @@ def test_every_benchmark_rejects_bad_input_in_one_line(capsys, monkeypatch):
 
 
 def test_results_are_replaced_whole_or_not_at_all(tmp_path):
-    from hybridpar.benchmarks.results_io import replacing
+    from hybridpar.files import replacing
 
     target = tmp_path / "r.csv"
     target.write_text("old\n")

@@ -57,7 +57,7 @@ def test_first_run_saves_every_n_and_at_the_end(runs):
     assert [m["step"] for m in straight] == [1, 2, 3, 4, 5, 6]
     assert sorted(n for n in os.listdir(base / "ckpt") if not n.startswith('.')) == ["latest", "step-000004", "step-000006"]
     assert (base / "ckpt" / "latest").read_text().strip() == "step-000006"
-    assert json.loads((base / "ckpt" / "step-000004" / "recipe.json").read_text())["name"] == "ckpt-cli"
+    assert json.loads((base / "ckpt" / "step-000004" / "run.json").read_text())["name"] == "ckpt-cli"
 
 
 def test_resume_trains_the_remaining_steps_and_appends_them(runs):

@@ -36,7 +36,8 @@ def test_train_prints_and_saves_a_sample_of_the_trained_model(tmp_path):
 
     from hybridpar.checkpoint.reshard import read_full_state
     from hybridpar.data import ByteTokenizer
-    from hybridpar.observe.sample import SampleConfig, generate_text
+    from hybridpar.config.recipe import GenerateSection as SampleConfig
+    from hybridpar.observe.sample import generate_text
     from hybridpar.observe.report import load_metrics, summarize
     from hybridpar.topology.cost import model_flops_per_seq
     from hybridpar.topology.plan import Plan
@@ -54,7 +55,7 @@ def test_train_prints_and_saves_a_sample_of_the_trained_model(tmp_path):
     assert "sample (24 tokens, temperature 0.7, model after step 3):\n" + text in run.stdout  # the recipe's sampling
 
     # The sample is the trained model's: regenerate it from the step-3 checkpoint's weights.
-    plan = Plan.from_dict(json.loads((out / "plan.json").read_text()))
+    plan = Plan.from_dict(json.loads((out / "plan.json").read_text())["plan"])
     weights = {name: t["param"] for name, t in read_full_state(str(ckpt / "step-000003")).items()}
     cfg = SampleConfig(prompt="Ham.\n", tokens=24, temperature=0.7, top_k=20, seed=0)  # recipes/default.yaml
     assert text == generate_text(weights, plan, ByteTokenizer(), cfg)

@@ -202,8 +202,13 @@ def test_recipe_key_init_from_hf_is_checked_and_a_resume_wins(saved, tmp_path, c
     recipe = load_recipe(str(tmp_path / "r.yaml")).validate(8)
     fresh = Namespace(save_dir=None, save_every=None, keep_last=None, resume=None, init_from_hf=None, no_save=False,
                       sync_save=False, overwrite=False, allow_changes=False)
-    applied, plan = checkpoint_cli.apply(recipe, fresh, str(tmp_path / "run"))
-    assert applied.checkpoint.init_from_hf == path
-    assert [type(h) for h in checkpoint_cli.hooks(applied, plan)] == [HFInit]
-    resumed = checkpoint_cli.CheckpointPlan(save_dir=str(tmp_path / "ckpt"), resume=str(tmp_path / "ckpt" / "step-000002"))
-    assert not any(isinstance(h, HFInit) for h in checkpoint_cli.hooks(applied, resumed))
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from hybridpar.checkpoint.hook import run_checkpoint_hooks
+
+    applied, settings = checkpoint_cli.apply(recipe, fresh, str(tmp_path / "run"))
+    assert applied.checkpoint.init_from_hf == path and settings.init_from_hf == path
+    assert [type(h) for h in run_checkpoint_hooks(SimpleNamespace(checkpoint=settings, steps=5))] == [HFInit]
+    resumed = replace(settings, save_dir=str(tmp_path / "ckpt"), resume=str(tmp_path / "ckpt" / "step-000002"))
+    assert not any(isinstance(h, HFInit) for h in run_checkpoint_hooks(SimpleNamespace(checkpoint=resumed, steps=5)))

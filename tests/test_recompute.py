@@ -114,13 +114,17 @@ def test_recipe_and_flag_reach_the_plan(tmp_path):
     assert with_overrides(r, recompute=None).parallel.recompute == "selective"
 
 
-def test_train_flag_is_relayed_to_ranks():
+def test_train_flag_reaches_the_ranks_in_the_run_plan(tmp_path):
+    """The launcher resolves --recompute into the RunPlan, which the ranks read from plan.json."""
+    from hybridpar.cli.commands.train import prepare
     from hybridpar.cli.main import build_parser
-    from hybridpar.cli.commands.train import _argv_of
+    from hybridpar.config.run import RunPlan
 
-    args = build_parser().parse_args(["train", "--recipe", "x.yaml", "--nproc", "4", "--recompute", "full"])
-    argv = _argv_of(args, "out")
-    assert argv[argv.index("--recompute") + 1] == "full"
+    args = build_parser().parse_args(["train", "--recipe", str(ROOT / "recipes" / "tiny.yaml"), "--nproc", "8",
+                                      "--recompute", "full", "--out", str(tmp_path / "run")])
+    run = prepare(args)
+    run.save(str(tmp_path / "plan.json"))
+    assert RunPlan.load(str(tmp_path / "plan.json")) == run and run.plan.recompute == "full"
 
 
 def test_planner_pins_recipe_recompute(tmp_path):

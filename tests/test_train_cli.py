@@ -54,7 +54,7 @@ def test_overlaps_are_recipe_switches(tmp_path):
 
 
 def test_lr_schedule_warmup_cosine_and_linear_scaling():
-    from hybridpar.zero.engine import OptimConfig, lr_at
+    from hybridpar.config.optim import OptimConfig, lr_at
 
     cfg = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=2, total_steps=12)
     assert lr_at(1, cfg, 16) == 0.5 and lr_at(2, cfg, 16) == 1.0
@@ -134,7 +134,7 @@ def _train(tmp_path, name, *flags, recipe=TINY):
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    return proc, rows, json.loads((out / "plan.json").read_text())
+    return proc, rows, json.loads((out / "plan.json").read_text())["plan"]  # the RunPlan's layout
 
 
 def test_eight_ranks_tp2_pp2_dp2_match_one_rank(tmp_path):

@@ -35,8 +35,25 @@ def read_mapping(path_text: str, what: str, error: type[Exception]) -> dict:
 
             data = yaml.safe_load(text)
     except Exception as err:  # json.JSONDecodeError or yaml.YAMLError
-        first_line = (str(err).splitlines() or ["parse error"])[0]
-        raise error(f"{what} file {path_text} is malformed: {first_line}") from None
+        raise error(f"{what} file {_where(path_text, err)} is malformed: {_problem(err)}") from None
     if not isinstance(data, dict):
         raise error(f"{path_text}: expected a mapping of {what} keys, got {type(data).__name__}")
     return data
+
+
+def _where(path_text: str, err: Exception) -> str:
+    """``file:line:column`` of a parse error (1-based, as editors count), or the file alone."""
+    line = getattr(err, "lineno", None)  # json
+    column = getattr(err, "colno", None)
+    mark = getattr(err, "problem_mark", None)  # yaml
+    if mark is not None:
+        line, column = mark.line + 1, mark.column + 1
+    return f"{path_text}:{line}:{column}" if line else path_text
+
+
+def _problem(err: Exception) -> str:
+    problem = getattr(err, "problem", None) or getattr(err, "msg", None)  # yaml, json: the message alone
+    if problem:
+        context = getattr(err, "context", None)
+        return f"{problem} ({context})" if context else problem
+    return (str(err).splitlines() or ["parse error"])[0]

@@ -1,7 +1,7 @@
 """Checkpoints that resume exactly and load into any layout of the same model.
 
 On disk (files.py): ``SAVE_DIR/step-NNNNNN/`` with manifest.json (sizes, sha256, fragment index),
-plan.json, recipe.json and one ``rank-RRRRR.pt`` per rank holding per-parameter *fragments*
+plan.json, run.json and one ``rank-RRRRR.pt`` per rank holding per-parameter *fragments*
 (canonical name, TP rank, flat range) of the fp32 weights and AdamW moments, AdamW's step and
 the rank's RNG states; ``SAVE_DIR/latest`` names the newest. Written to ``*.tmp-<id>`` and
 renamed when every rank has finished.

@@ -6,7 +6,7 @@ SAVE_DIR/
   latest                      "step-000010\n", replaced atomically after the rename
   step-000010/                complete: renamed from step-000010.tmp-<save id> after every rank wrote
     manifest.json             step, save id, plan, every file's size and sha256, fragment index
-    plan.json, recipe.json    the run's plan and recipe (rank 0)
+    plan.json, run.json       the layout plan and the whole run's settings (rank 0)
     rank-00003.pt             rank 3's parameter/optimizer fragments and RNG states
   step-000015.tmp-1a2b3c4d/   partial (a killed save): ignored, removed by the next save
 """
@@ -20,10 +20,12 @@ import shutil
 from dataclasses import asdict, dataclass, field
 
 from hybridpar.errors import UsageError
+from hybridpar.files import fsync_dir, write_atomic
 
 FORMAT = "hybridpar-checkpoint"
 VERSION = 1
 MANIFEST = "manifest.json"
+RUN_FILE = "run.json"  # the RunPlan of the run that saved the checkpoint (config/run.py)
 LATEST = "latest"
 STEP_DIR = re.compile(r"^step-(\d{6,})$")
 _PARTIAL_DIR = re.compile(r"^step-\d{6,}\.(tmp|old)-[0-9a-zA-Z]+$")
@@ -47,19 +49,6 @@ def rank_file_name(rank: int) -> str:
 class FileRecord:
     bytes: int
     sha256: str
-
-
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def write_bytes(path: str, data: bytes) -> FileRecord:
@@ -97,13 +86,6 @@ def write_tensors(path: str, obj) -> FileRecord:
         f.flush()
         os.fsync(f.fileno())
     return FileRecord(writer.size, writer.sha.hexdigest())
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    write_bytes(tmp, text.encode())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(os.path.abspath(path)))
 
 
 # --- the manifest ---------------------------------------------------------------------------
@@ -243,14 +225,14 @@ def commit(save_dir: str, tmp_name: str, step: int, save_id: str) -> str:
     final_name = step_dir_name(step)
     final = os.path.join(save_dir, final_name)
     tmp = os.path.join(save_dir, tmp_name)
-    _fsync_dir(tmp)
+    fsync_dir(tmp)
     aside = None
     if os.path.exists(final):  # an older run's checkpoint of this step (a resume from earlier)
         aside = os.path.join(save_dir, f"{final_name}.old-{save_id}")
         os.rename(final, aside)
     os.rename(tmp, final)
-    _fsync_dir(save_dir)
-    write_text_atomic(os.path.join(save_dir, LATEST), final_name + "\n")
+    fsync_dir(save_dir)
+    write_atomic(os.path.join(save_dir, LATEST), final_name + "\n")
     if aside:
         shutil.rmtree(aside, ignore_errors=True)
     return final

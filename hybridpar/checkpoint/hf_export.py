@@ -21,7 +21,7 @@ import uuid
 from dataclasses import dataclass
 
 from hybridpar.errors import UsageError
-from hybridpar.checkpoint.files import CheckpointError, read_manifest, resolve, verify
+from hybridpar.checkpoint.files import RUN_FILE, CheckpointError, read_manifest, resolve, verify
 from hybridpar.checkpoint.hf_layout import INDEX_FILE, SINGLE_FILE, CanonicalParam, canonical_layout, hf_config
 
 DTYPES = {"fp32": ("float32", 4), "bf16": ("bfloat16", 2)}
@@ -32,7 +32,7 @@ class ExportConfig:
     checkpoint: str
     out_dir: str
     overwrite: bool = False
-    tokenizer: str | None = None  # None: the run's (recipe.json's data section), else "byte" or a tokenizer.json
+    tokenizer: str | None = None  # None: the run's (run.json's data section), else "byte" or a tokenizer.json
     dtype: str = "fp32"
     max_shard_bytes: int = 5 * 10**9
 
@@ -103,8 +103,8 @@ def write_weights(reader, layout: list[CanonicalParam], out: str, dtype_name: st
     return total
 
 
-def _read_recipe(step_dir: str) -> dict | None:
-    path = os.path.join(step_dir, "recipe.json")
+def _read_run(step_dir: str) -> dict | None:
+    path = os.path.join(step_dir, RUN_FILE)
     if not os.path.isfile(path):
         return None
     with open(path) as f:
@@ -141,7 +141,7 @@ def export_hf(cfg: ExportConfig, print_fn=print) -> str:
     missing = sorted({p.cname for p in layout} - set(manifest.params))
     if missing:
         raise CheckpointError(f"checkpoint {step_dir} has no parameter {missing[0]}")
-    tokenizer, note = choose_tokenizer(cfg.tokenizer, _read_recipe(step_dir), spec.vocab)
+    tokenizer, note = choose_tokenizer(cfg.tokenizer, _read_run(step_dir), spec.vocab)
     verify(step_dir, manifest, checksum=True)
     from hybridpar.checkpoint.reshard import CheckpointReader  # torch: after every check of the input
 

@@ -23,16 +23,16 @@ BYTE_EOD_TOKEN = "<|endoftext|>"
 COPIED = ("tokenizer_config.json", "special_tokens_map.json")
 
 
-def choose_tokenizer(override: str | None, recipe: dict | None, vocab: int) -> tuple[str, str]:
+def choose_tokenizer(override: str | None, run: dict | None, vocab: int) -> tuple[str, str]:
     """(tokenizer spec for ``load_tokenizer``, a note saying where it came from)."""
     from hybridpar.data.tokenizers import check_vocab, load_tokenizer
 
     if override:
         spec, note = override, f"{override} (--tokenizer)"
-    elif recipe is None:
-        spec, note = BYTE, "byte (the checkpoint has no recipe.json; --tokenizer to choose)"
+    elif run is None:
+        spec, note = BYTE, "byte (the checkpoint has no run.json; --tokenizer to choose)"
     else:
-        spec, note = _recorded(recipe.get("data") or {})
+        spec, note = _recorded(run.get("data") or {})
     tok = load_tokenizer(spec)
     check_vocab(tok.vocab_size, vocab, tok.name)
     return spec, note

@@ -19,7 +19,7 @@ class CheckpointConfig:
 
 
 class Checkpointer:
-    """``train(..., hooks=[Checkpointer(config, last_step, recipe)])``.
+    """``train(..., hooks=[Checkpointer(config, last_step, run)])``.
 
     With ``background``, a periodic save copies the state to host memory at its step and writes
     the files on a thread; it is committed (manifest, rename, ``latest``) after the first step
@@ -27,8 +27,8 @@ class Checkpointer:
     an early stop or the last step's save, whichever comes first: at most one save in flight.
     The last step's save and a stop's save are written before the run goes on."""
 
-    def __init__(self, config: CheckpointConfig, last_step: int, recipe=None, print_fn=print, stop=None):
-        self.config, self.last_step, self.recipe, self.print_fn = config, last_step, recipe, print_fn
+    def __init__(self, config: CheckpointConfig, last_step: int, run=None, print_fn=print, stop=None):
+        self.config, self.last_step, self.run, self.print_fn = config, last_step, run, print_fn
         self.stop = stop  # stopping.StopConditions: learns how long a save keeps training waiting (--exit-after)
         self.saved: list[str] = []
         self.saved_step: int | None = None
@@ -81,7 +81,7 @@ class Checkpointer:
 
     def _commit(self, job, start: float | None = None) -> str:
         begun = time.monotonic()
-        path = finish_save(job, self.pending, recipe=self.recipe, keep_last=self.config.keep_last)
+        path = finish_save(job, self.pending, run=self.run, keep_last=self.config.keep_last)
         self._observe(start if start is not None else begun)
         self.pending = None
         self.saved.append(path)
@@ -94,3 +94,19 @@ class Checkpointer:
     def _observe(self, start: float) -> None:
         if self.stop is not None:
             self.stop.observe(save_s=time.monotonic() - start)
+
+
+def run_checkpoint_hooks(run, print_fn=print, stop=None) -> list:
+    """The hooks a RunPlan's checkpoint settings call for: the Hugging Face start of a fresh run,
+    the checkpointer (resume, periodic and final saves); none when the run does neither."""
+    c = run.checkpoint
+    hooks = []
+    if c.init_from_hf and not c.resume:  # a resumed run takes its weights from the checkpoint
+        from hybridpar.checkpoint.hf_import import HFInit
+
+        hooks.append(HFInit(c.init_from_hf, print_fn=print_fn))
+    if c.save_dir or c.resume:
+        config = CheckpointConfig(save_dir=c.save_dir, save_every=c.save_every, resume=c.resume, keep_last=c.keep_last,
+                                  background=c.background)
+        hooks.append(Checkpointer(config, last_step=run.steps, run=run, print_fn=print_fn, stop=stop))
+    return hooks

@@ -3,7 +3,7 @@
 1. rank 0 picks a save id, removes leftovers of interrupted saves, creates
    ``step-NNNNNN.tmp-<id>/``; every rank writes ``rank-RRRRR.pt`` (fsync'd) and reports its
    size, sha256 and fragment index (one all_gather_object, which is also the barrier);
-2. rank 0 writes plan.json, recipe.json and manifest.json, renames the directory to
+2. rank 0 writes plan.json, run.json (the RunPlan) and manifest.json, renames the directory to
    ``step-NNNNNN/`` and replaces ``latest`` (temp file + os.replace) last;
 3. every rank learns the outcome (one broadcast): a failure on any rank fails the save everywhere.
 A job killed anywhere before the rename leaves only a ``*.tmp-*`` directory, which loading
@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from hybridpar.runtime.model import canonical_params
 from hybridpar.checkpoint import rng
-from hybridpar.checkpoint.files import CheckpointError, Manifest, commit, prune, rank_file_name, remove_partials, step_dir_name, write_bytes, write_tensors
+from hybridpar.checkpoint.files import RUN_FILE, CheckpointError, Manifest, commit, prune, rank_file_name, remove_partials, step_dir_name, write_bytes, write_tensors
 from hybridpar.checkpoint.optim import OptimizerView
 
 
@@ -142,12 +142,12 @@ def _write_rank_file(pending: PendingSave, tmp: str, payload: dict) -> None:
         pending.report["error"] = f"rank {rank}: writing its checkpoint file failed: {err}"
 
 
-def save_checkpoint(job, save_dir: str, step: int, recipe=None, keep_last: int = 0) -> str:
+def save_checkpoint(job, save_dir: str, step: int, run=None, keep_last: int = 0) -> str:
     """Collective: save ``job`` after optimizer step ``step``. Returns the checkpoint directory."""
-    return finish_save(job, begin_save(job, save_dir, step), recipe, keep_last)
+    return finish_save(job, begin_save(job, save_dir, step), run, keep_last)
 
 
-def finish_save(job, pending: PendingSave, recipe=None, keep_last: int = 0) -> str:
+def finish_save(job, pending: PendingSave, run=None, keep_last: int = 0) -> str:
     """Collective: wait for this rank's file, learn every rank's outcome, and (rank 0) commit:
     manifest, rename, ``latest``. A failure on any rank fails the save on every rank."""
     if pending.thread is not None:
@@ -162,7 +162,7 @@ def finish_save(job, pending: PendingSave, recipe=None, keep_last: int = 0) -> s
         outcome = next((r["error"] for r in reports if r["error"]), None)
         if outcome is None:
             try:
-                final = _commit(job, save_dir, tmp_name, step, save_id, reports, recipe)
+                final = _commit(job, save_dir, tmp_name, step, save_id, reports, run)
                 prune(save_dir, keep_last)
                 outcome = ("ok", final)
             except Exception as err:  # noqa: BLE001
@@ -175,7 +175,7 @@ def finish_save(job, pending: PendingSave, recipe=None, keep_last: int = 0) -> s
     return outcome[1]
 
 
-def _commit(job, save_dir, tmp_name, step, save_id, reports, recipe) -> str:
+def _commit(job, save_dir, tmp_name, step, save_id, reports, run) -> str:
     tmp = os.path.join(save_dir, tmp_name)
     files, params = {}, {}
     for r in reports:
@@ -186,9 +186,8 @@ def _commit(job, save_dir, tmp_name, step, save_id, reports, recipe) -> str:
         raise CheckpointError(f"ranks disagree on AdamW's step count: {sorted(steps)}")
     plan_text = job.plan.to_json() + "\n"
     files["plan.json"] = asdict(write_bytes(os.path.join(tmp, "plan.json"), plan_text.encode()))
-    if recipe is not None:
-        recipe_text = json.dumps(asdict(recipe), indent=1, sort_keys=True, default=str) + "\n"
-        files["recipe.json"] = asdict(write_bytes(os.path.join(tmp, "recipe.json"), recipe_text.encode()))
+    if run is not None:  # config.run.RunPlan: everything that reproduces the run
+        files[RUN_FILE] = asdict(write_bytes(os.path.join(tmp, RUN_FILE), (run.to_json() + "\n").encode()))
     manifest = Manifest(
         step=step, save_id=save_id, plan=job.plan.to_dict(), files=files, params=params,
         adam_step=steps.pop(), optim=asdict(job.optim), seed=job.seed,

@@ -16,23 +16,12 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from hybridpar.cli.flags import flags_argv
+from hybridpar.config.run import CheckpointSettings
 from hybridpar.errors import UsageError
 
-FLAGS = ("save_dir", "save_every", "keep_last", "resume", "init_from_hf")
-SWITCHES = ("no_save", "sync_save", "overwrite", "allow_changes")
 AUTO = "auto"
-
-
-@dataclass(frozen=True)
-class CheckpointPlan:
-    """What this run saves and resumes, resolved from recipe and flags before any rank starts."""
-
-    save_dir: str | None  # None: no checkpoints
-    resume: str | None  # a step directory, or None: a fresh run
-    resumed_step: int = 0
 
 
 def add_arguments(p) -> None:
@@ -53,7 +42,7 @@ def add_arguments(p) -> None:
 
 
 def apply(recipe, args, out: str):
-    """(recipe with the flags applied, CheckpointPlan)."""
+    """(recipe with the flags applied, the run's CheckpointSettings)."""
     for key in ("save_every", "keep_last"):
         value = getattr(args, key, None)
         if value is not None and value < 0:
@@ -79,7 +68,7 @@ def apply(recipe, args, out: str):
 
             plan = recipe.to_plan_unresolved()
             check_hf_dir(recipe.checkpoint.init_from_hf, plan.model, plan.model.tied_embeddings)
-        return recipe, CheckpointPlan(save_dir, None)
+        return recipe, _settings_of(recipe, save_dir)
     from hybridpar.checkpoint import inspect_resume
 
     found = inspect_resume(resume, recipe.to_plan_unresolved())
@@ -93,14 +82,18 @@ def apply(recipe, args, out: str):
         raise UsageError(f"checkpoint {found.step_dir} is at step {step}: nothing left to train with --steps {recipe.train.steps}")
     if not args.allow_changes:
         _refuse_changes(found, recipe)
-    return recipe, CheckpointPlan(save_dir, found.step_dir, step)
+    return recipe, _settings_of(recipe, save_dir, resume=found.step_dir, resumed_step=step)
+
+
+def _settings_of(recipe, save_dir: str | None, **resumed) -> CheckpointSettings:
+    c = recipe.checkpoint
+    return CheckpointSettings(save_dir=save_dir, save_every=c.save_every, keep_last=c.keep_last,
+                              background=c.async_save, init_from_hf=c.init_from_hf, **resumed)
 
 
 def _is_launcher() -> bool:
     """Only the launching process (or rank 0 under a cluster launcher) speaks before training."""
-    from hybridpar.reliability.run_dir import CLAIMED_ENV
-
-    return not os.environ.get(CLAIMED_ENV) and os.environ.get("RANK", "0") == "0"
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _has_checkpoint(save_dir: str) -> bool:
@@ -129,25 +122,3 @@ def _refuse_changes(found, recipe) -> None:
         if saved is not None and saved != now:
             raise UsageError(f"checkpoint {found.step_dir} was trained with {name} {saved}, this run has {now} ({how}): "
                              f"resuming would silently change the run; use {how} {saved}, or pass --allow-changes")
-
-
-def argv(args) -> list[str]:
-    """The flags again, for the ranks' command line."""
-    return flags_argv(args, FLAGS) + [f"--{k.replace('_', '-')}" for k in SWITCHES if getattr(args, k, False)]
-
-
-def hooks(recipe, plan: CheckpointPlan, print_fn=print, stop=None) -> list:
-    """The train() hooks for this run: the Hugging Face start, the checkpointer (each when used)."""
-    c = recipe.checkpoint
-    init = []
-    if c.init_from_hf and not plan.resume:  # a resumed run takes its weights from the checkpoint
-        from hybridpar.checkpoint.hf_import import HFInit
-
-        init = [HFInit(c.init_from_hf, print_fn=print_fn)]
-    if not plan.save_dir and not plan.resume:
-        return init
-    from hybridpar.checkpoint.hook import CheckpointConfig, Checkpointer
-
-    config = CheckpointConfig(save_dir=plan.save_dir, save_every=c.save_every, resume=plan.resume, keep_last=c.keep_last,
-                              background=c.async_save)
-    return init + [Checkpointer(config, last_step=recipe.train.steps, recipe=recipe, print_fn=print_fn, stop=stop)]

@@ -9,6 +9,7 @@ entry-point group: the benchmarks' ``bench`` comes that way, so hybridpar never 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
 import os
 import pkgutil
@@ -44,18 +45,38 @@ def _module(name: str):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # argparse's own errors: one line, exit 2
-        print(f"hybridpar: error: {message}", file=sys.stderr)
+    """argparse's own errors in hybridpar's one form: ``hybridpar <command>: error: ...``, one line,
+    exit 2; an unknown option names the closest one the command has."""
+
+    def error(self, message):
+        print(f"{self.prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
+
+    def parse_args(self, args=None, namespace=None):
+        parsed, unknown = self.parse_known_args(args, namespace)
+        if unknown:
+            command = self.commands.get(getattr(parsed, "command", None), self)
+            command.error(_unknown_message(command, unknown))
+        return parsed
+
+
+def _unknown_message(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+    flag = unknown[0].split("=", 1)[0]
+    known = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]  # noqa: SLF001
+    close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+    hint = f"; did you mean {close[0]}?" if close else f" (see `{parser.prog} --help`)"
+    return f"unrecognized argument{'s' if len(unknown) > 1 else ''} {' '.join(unknown)}{hint}"
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="hybridpar", description="Hybrid 3D-parallel LLM training, DP outermost.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True
+    parser.commands = {}
     for name in command_names():
         module = _module(name)
-        module.add_arguments(sub.add_parser(name, help=module.HELP, description=module.HELP))
+        parser.commands[name] = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        module.add_arguments(parser.commands[name])
     return parser
 
 

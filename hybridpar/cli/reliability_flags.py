@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hybridpar.cli.flags import flags_argv
 from hybridpar.errors import UsageError
 
 FLAGS = ("timeout_s", "check_replicas", "on_drift")
@@ -31,20 +30,3 @@ def apply(recipe, args):
             raise UsageError(f"--{key.replace('_', '-')} must be {low}, got {value}")
     changes = {k: getattr(args, k) for k in FLAGS if getattr(args, k, None) is not None}
     return replace(recipe, reliability=replace(recipe.reliability, **changes)) if changes else recipe
-
-
-def argv(args) -> list[str]:
-    return flags_argv(args, FLAGS)
-
-
-def hooks(recipe, print_fn=print) -> list:
-    """Fault injection (tests only), then the replica check: both go before the checkpoint hook."""
-    from hybridpar.reliability.faults import hooks_from_env
-
-    before = hooks_from_env()
-    r = recipe.reliability
-    if r.check_replicas > 0:
-        from hybridpar.reliability.replicas import ReplicaCheck
-
-        before.append(ReplicaCheck(r.check_replicas, r.on_drift, print_fn=print_fn))
-    return before

@@ -32,29 +32,3 @@ def apply(recipe, args):
     if tokens is not None:
         changes["tokens"] = tokens
     return replace(recipe, generate=replace(recipe.generate, **changes)) if changes else recipe
-
-
-def argv(args) -> list[str]:
-    out = []
-    if getattr(args, "sample_prompt", None) is not None:
-        out += ["--sample-prompt", args.sample_prompt]
-    if getattr(args, "sample_tokens", None) is not None:
-        out += ["--sample-tokens", str(args.sample_tokens)]
-    progress = getattr(args, "progress", None)
-    if progress is not None:
-        out.append("--progress" if progress else "--no-progress")
-    return out
-
-
-def monitor(recipe, args, out_dir: str):
-    """The StepMonitor; its ``write`` is the run's print function (keeps a tqdm bar readable)."""
-    from hybridpar.observe.metrics import StepMonitor
-
-    return StepMonitor(out_dir, recipe.train.steps, progress=getattr(args, "progress", None))
-
-
-def hooks(step_monitor, recipe, out_dir: str) -> list:
-    """After the other hooks: the monitor (it sees the resumed first step), then the sample."""
-    from hybridpar.observe.sample import SampleHook
-
-    return [step_monitor, SampleHook(recipe.generate.config(), recipe.train.steps, out_dir, print_fn=step_monitor.write)]

@@ -233,6 +233,13 @@ def seed_model_parallel_rng(seed: int, tp_rank: int) -> None:
     tracker.add(mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + 100 * (tp_rank + 1) + 1)
 
 
+def name_deepspeed_accelerator() -> None:
+    """On CPU ranks, tell DeepSpeed its accelerator (DS_ACCELERATOR, its documented switch) instead
+    of letting each rank detect it and print "Setting accelerator to CPU" on the way."""
+    if on_cpu():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+
 def skip_deepspeed_shm_build() -> None:
     """DeepSpeed's CPU backend JIT-builds a shared-memory comm op at start (~40 s, once per
     cache). It only serves inference all-reduce, which training never calls: skip it on CPU."""

@@ -34,6 +34,7 @@ from hybridpar.topology.models import PRESETS, ModelSpec, ModelSpecError, load_m
 from hybridpar.topology.plan import RECOMPUTE_MODES, Plan
 from hybridpar.topology.spec_files import read_mapping
 
+from hybridpar.config.optim import OptimConfig, OptimizerSettings
 from hybridpar.errors import UsageError
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -61,19 +62,12 @@ class ParallelSection:
 
 
 @dataclass(frozen=True)
-class TrainSection:
+class TrainSection(OptimizerSettings):
+    """Batch, length, seed and precision, with AdamW and its schedule (config/optim.py's fields)."""
+
     global_batch: int = 0
     seq_len: int = 0
     steps: int = 10
-    lr: float = 3e-4
-    min_lr: float = 3e-5
-    warmup_steps: int = 0
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0
-    lr_scale_base_batch: int = 0  # > 0: linear LR scaling, lr x global_batch / this
     seed: int = 0
     precision: str = "auto"  # auto: fp32 on CPU, bf16 on GPU
     tied_embeddings: Optional[bool] = None  # None: the model's own setting (untied for Llama)
@@ -86,15 +80,6 @@ class DataSection:
     tokenizer: Optional[str] = None
     data_dir: Optional[str] = None
     cache_dir: Optional[str] = None
-
-    def build(self, *, seq_len: int, global_batch: int, vocab: int, seed: int):
-        """The token source (batch contract of hybridpar.data). Collective for file sources."""
-        from hybridpar.data import make_token_source
-
-        return make_token_source(
-            self.source, seq_len=seq_len, global_batch_size=global_batch, model_vocab=vocab, seed=seed,
-            path=self.path, tokenizer=self.tokenizer, data_dir=self.data_dir, cache_dir=self.cache_dir,
-        )
 
 
 @dataclass(frozen=True)
@@ -142,12 +127,6 @@ class GenerateSection:
     top_k: int = 0  # 0: whole vocabulary
     seed: int = 0
 
-    def config(self):
-        from hybridpar.observe.sample import SampleConfig
-
-        return SampleConfig(prompt=self.prompt, tokens=self.tokens, temperature=self.temperature, top_k=self.top_k,
-                            seed=self.seed)
-
 
 SECTIONS = {"parallel": ParallelSection, "train": TrainSection, "data": DataSection, "cluster": ClusterSection,
             "checkpoint": CheckpointSection, "reliability": ReliabilitySection, "generate": GenerateSection}
@@ -184,14 +163,14 @@ class Recipe:
             )
         return self
 
-    def resolved_precision(self) -> str:
+    def resolved_precision(self, cuda: bool) -> str:
+        """``auto``: bf16 where the run has CUDA, fp32 on CPU ranks."""
         if self.train.precision != "auto":
             return self.train.precision
-        import torch
+        return "bf16" if cuda else "fp32"
 
-        return "bf16" if torch.cuda.is_available() else "fp32"
-
-    def to_plan(self) -> Plan:
+    def to_plan(self, cuda: bool = False) -> Plan:
+        """The layout Plan; ``cuda`` resolves precision ``auto`` (the caller knows the machine)."""
         p, t = self.parallel, self.train
         model = self.model
         if t.tied_embeddings is not None and t.tied_embeddings != model.tied_embeddings:
@@ -199,20 +178,15 @@ class Recipe:
         return Plan(
             model=model, seq_len=t.seq_len, global_batch=t.global_batch, tp=p.tp, cp=p.cp, pp=p.pp,
             dp=p.dp if p.dp is not None else 1, vpp=p.vpp, micro_batch=p.micro_batch, zero_stage=p.zero,
-            sequence_parallel=p.sequence_parallel, precision=self.resolved_precision(), order=p.order,
+            sequence_parallel=p.sequence_parallel, precision=self.resolved_precision(cuda), order=p.order,
             recompute=p.recompute,
             **({"gpu": self.cluster.gpu} if self.cluster.gpu else {}), gpus_per_node=self.cluster.gpus_per_node,
         ).with_default_split()
 
-    def optim_config(self):
-        from hybridpar.zero.engine import OptimConfig
-
+    def optim_config(self) -> OptimConfig:
         t = self.train
-        return OptimConfig(
-            lr=t.lr, min_lr=t.min_lr, warmup_steps=t.warmup_steps, total_steps=t.steps,
-            weight_decay=t.weight_decay, beta1=t.beta1, beta2=t.beta2, eps=t.eps,
-            grad_clip=t.grad_clip, lr_scale_base_batch=t.lr_scale_base_batch,
-        )
+        shared = {f.name: getattr(t, f.name) for f in fields(OptimizerSettings)}
+        return OptimConfig(**shared, total_steps=t.steps)
 
     # --- validation ---------------------------------------------------------------------
     def problems(self) -> list[str]:
@@ -271,9 +245,8 @@ class Recipe:
         return []
 
     def to_plan_unresolved(self) -> Plan:
-        """The Plan for validation only (precision 'auto' kept as fp32: no torch import)."""
-        r = self if self.train.precision != "auto" else replace(self, train=replace(self.train, precision="fp32"))
-        return r.to_plan()
+        """The Plan for checks that do not depend on the machine (precision ``auto`` as fp32)."""
+        return self.to_plan(cuda=False)
 
     def validate(self, world: Optional[int] = None) -> "Recipe":
         recipe = self.with_world(world) if world is not None else self

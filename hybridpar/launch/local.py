@@ -24,10 +24,8 @@ from hybridpar.launch.launcher_death import LAUNCHER_PID
 # relies on one hardware queue per device so that a collective queued before a GEMM starts
 # before it and overlaps it (tensor_parallel/layers.py; the planner's cost model assumes this
 # overlap). Read when the CUDA context is created, so it is set before any device is touched
-# (init_distributed) and exported by the generated launch scripts (launch_scripts.py).
+# (init_distributed) and exported by the generated launch scripts (launch/scripts.py).
 GPU_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
-# Set for the ranks of launch_local: the launching process checked the input and said what it found.
-INPUT_CHECKED = "HYBRIDPAR_INPUT_CHECKED"
 
 
 def under_launcher() -> bool:
@@ -52,9 +50,10 @@ def init_distributed(timeout_s: int = 600) -> None:
         return
     if not under_launcher():
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    from hybridpar.compat.cpu import enter_strict_device_mode
+    from hybridpar.compat.cpu import enter_strict_device_mode, name_deepspeed_accelerator
 
     enter_strict_device_mode()
+    name_deepspeed_accelerator()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         for key, value in GPU_ENV.items():
@@ -98,7 +97,6 @@ def launch_local(nproc: int, argv: list[str], stop_grace_s: int = 600) -> int:
     )
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ[LAUNCHER_PID] = str(os.getpid())  # the agent runs in this process (launcher_death.py)
-    os.environ[INPUT_CHECKED] = "1"
     try:
         elastic_launch(config, sys.executable)("-m", "hybridpar", *argv)
     except SignalException as err:
@@ -108,7 +106,7 @@ def launch_local(nproc: int, argv: list[str], stop_grace_s: int = 600) -> int:
         first = root_cause(err.failures)[1]
         return first.exitcode if isinstance(first.exitcode, int) and first.exitcode > 0 else 1
     finally:
-        del os.environ[LAUNCHER_PID], os.environ[INPUT_CHECKED]
+        del os.environ[LAUNCHER_PID]
     return 0
 
 

@@ -14,6 +14,7 @@ import statistics
 from dataclasses import dataclass
 
 from hybridpar.errors import UsageError
+from hybridpar.files import replacing_path
 from hybridpar.observe.metrics import per_device_tflops
 
 REQUIRED = ("step", "loss", "step_time_s", "tokens_per_s")
@@ -132,13 +133,8 @@ def format_summary(s: Summary) -> str:
 
 
 def _save_png(fig, path: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
+    with replacing_path(path) as tmp:
         fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def plot(records: list[dict], out_dir: str, loss_baseline: float | None = None) -> list[str]:

@@ -11,24 +11,15 @@ positions beyond its training length). Only for models whose full weights fit on
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 
+from hybridpar.config.recipe import GenerateSection
 from hybridpar.runtime.llama_ref import LlamaReference, RefOptions
 
 
-@dataclass(frozen=True)
-class SampleConfig:
-    prompt: str = ""
-    tokens: int = 0  # 0: no sample
-    temperature: float = 0.0  # 0: greedy
-    top_k: int = 0  # 0: the whole vocabulary
-    seed: int = 0
-
-
 def sample_ids(model: LlamaReference, prompt: list[int], n: int, context: int, vocab: int,
-               cfg: SampleConfig) -> list[int]:
+               cfg: GenerateSection) -> list[int]:
     """``n`` new token ids after ``prompt``; ids >= ``vocab`` (model padding) are never chosen."""
     gen = torch.Generator().manual_seed(cfg.seed)
     device = model.device
@@ -47,7 +38,7 @@ def sample_ids(model: LlamaReference, prompt: list[int], n: int, context: int, v
     return ids[len(prompt):]
 
 
-def generate_text(weights: dict, plan, tokenizer, cfg: SampleConfig, tied: bool | None = None) -> str:
+def generate_text(weights: dict, plan, tokenizer, cfg: GenerateSection, tied: bool | None = None) -> str:
     """The prompt and its continuation, decoded."""
     model = LlamaReference(plan.model, weights, RefOptions(rope_base=plan.model.rope_theta), tied=tied)
     prompt = tokenizer.encode(cfg.prompt) or [tokenizer.eod]
@@ -59,7 +50,7 @@ def generate_text(weights: dict, plan, tokenizer, cfg: SampleConfig, tied: bool 
 class SampleHook:
     """``train(..., hooks=[SampleHook(cfg, last_step, out_dir)])``: a sample after the last step."""
 
-    def __init__(self, cfg: SampleConfig, last_step: int, out_dir: str | None = None, print_fn=print):
+    def __init__(self, cfg: GenerateSection, last_step: int, out_dir: str | None = None, print_fn=print):
         self.cfg, self.last_step, self.out_dir, self.print_fn = cfg, last_step, out_dir, print_fn
         self.text: str | None = None
 
@@ -81,7 +72,7 @@ class SampleHook:
         if self.print_fn:
             self.print_fn(f"sample ({self.cfg.tokens} tokens, {how}, model after step {metrics.step}):\n{self.text}")
         if self.out_dir:
-            from hybridpar.runtime.train import write_atomic
+            from hybridpar.files import write_atomic
 
             os.makedirs(self.out_dir, exist_ok=True)
             write_atomic(os.path.join(self.out_dir, "sample.txt"), self.text + "\n")

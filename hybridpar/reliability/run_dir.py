@@ -22,10 +22,10 @@ import time
 from dataclasses import dataclass, field
 
 from hybridpar.errors import UsageError
+from hybridpar.files import write_atomic
 
 LOCK_NAME = ".hybridpar.lock"
 RUN_FILES = ("metrics.jsonl", "plan.json", "sample.txt")
-CLAIMED_ENV = "HYBRIDPAR_RUN_CLAIMED"  # set for ranks whose launcher holds the claim
 
 
 @dataclass(frozen=True)
@@ -135,10 +135,5 @@ def keep_steps_before(metrics_path: str, first: int) -> int:
             else:
                 dropped += 1
     if dropped:
-        tmp = f"{metrics_path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.writelines(kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, metrics_path)
+        write_atomic(metrics_path, "".join(kept))
     return dropped

@@ -28,18 +28,13 @@ def _base():
     return DotProductAttention
 
 
-def sdpa_core_attention_class():
-    """The class, built lazily so that importing hybridpar does not import megatron."""
-    global _SDPA_CLASS
-    if _SDPA_CLASS is None:
-        _SDPA_CLASS = _make_class(_base())
-    return _SDPA_CLASS
+def sdpa_core_attention_class(cp_group=None):
+    """The class megatron's layer spec instantiates, bound to this rank's CP group (the mesh's;
+    None without context parallelism); built when asked, so importing hybridpar imports no megatron."""
+    return _make_class(_base(), cp_group)
 
 
-_SDPA_CLASS = None
-
-
-def _make_class(base):
+def _make_class(base, cp_group):
     from megatron.core.transformer.enums import AttnMaskType
 
     class SDPACoreAttention(base):
@@ -93,10 +88,10 @@ def _make_class(base):
             all-gathered over the CP group (Llama 3 §3.3.2: all-gather, not a ring; with GQA
             they are small) and put back in sequence order; each local chunk c attends to keys
             0 .. (c+1)L-1 with the causal diagonal at its own offset."""
-            from megatron.core import parallel_state as ps
+            import torch.distributed as dist
 
-            group = ps.get_context_parallel_group()
-            cp, rank = self.cp_size, ps.get_context_parallel_rank()
+            group = cp_group  # the mesh's CP group of this rank (sdpa_core_attention_class's argument)
+            cp, rank = self.cp_size, dist.get_rank(group)
             chunk = q.shape[2] // 2
             k_all, v_all = (_sequence_order(gather_along_sequence(t, group), cp) for t in (k, v))
             outputs = []

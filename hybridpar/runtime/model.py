@@ -114,7 +114,6 @@ def build_model(spec: ModelSpec, mesh, opts: ModelOptions, seed: int = 0, draw_w
     """This rank's model chunks (one per virtual stage), initialised by canonical name.
     ``draw_weights=False`` leaves the values as allocated (the memory audit builds on ``meta``,
     where there are none)."""
-    from megatron.core import parallel_state as ps
     from megatron.core.models.gpt import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
@@ -127,7 +126,8 @@ def build_model(spec: ModelSpec, mesh, opts: ModelOptions, seed: int = 0, draw_w
     if opts.attention == "sdpa":
         from hybridpar.runtime.attention import sdpa_core_attention_class
 
-        layer_spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention_class()
+        layer_spec.submodules.self_attention.submodules.core_attention = sdpa_core_attention_class(
+            mesh.group("cp") if mesh.layout.cp > 1 else None)
     elif opts.attention != "megatron":
         raise ValueError(f"unknown attention {opts.attention!r}: sdpa or megatron")
     torch_norm = _uses_torch_norm(layer_spec)
@@ -143,8 +143,8 @@ def build_model(spec: ModelSpec, mesh, opts: ModelOptions, seed: int = 0, draw_w
             transformer_layer_spec=_block_spec(layer_spec, config, vp_stage) if torch_norm else layer_spec,
             vocab_size=spec.vocab,
             max_sequence_length=opts.seq_len,
-            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=vp_stage),
-            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
+            pre_process=mesh.is_first_stage and vp == 0,  # the first virtual stage of the first rank
+            post_process=mesh.is_last_stage and vp == mesh.vpp - 1,
             share_embeddings_and_output_weights=tied,
             position_embedding_type="rope",
             rotary_base=int(opts.rope_base),

@@ -18,16 +18,15 @@ embedding group, and the TP sum of sequence-parallel norm-weight gradients.
 from __future__ import annotations
 
 
+import functools
+
 import torch
 import torch.distributed as dist
 
 
-def _loss_func(output_tensor: torch.Tensor):
-    from megatron.core import parallel_state as ps
-
+def _loss_func(cp: int, output_tensor: torch.Tensor):
     loss = output_tensor.float().mean()
     logged = loss.detach().clone()  # the schedule scales `loss` in place
-    cp = ps.get_context_parallel_world_size()
     if cp > 1:  # megatron's schedule multiplies a (loss, dict) loss by the CP size: undo it
         loss = loss / cp
     return loss, {"lm loss": logged}
@@ -42,16 +41,20 @@ def context_parallel_slice(t: torch.Tensor, cp: int, cp_rank: int) -> torch.Tens
     return torch.cat([chunks[cp_rank], chunks[2 * cp - 1 - cp_rank]], dim=1)
 
 
-def _forward_step(data_iterator, model):
-    from megatron.core import parallel_state as ps
+def _forward_step_for(mesh):
+    """megatron's forward-step function for this rank: its CP slice of each micro-batch, the
+    model's output and the loss function (CP size and rank from the mesh)."""
+    cp, cp_rank = mesh.size("cp"), mesh.rank_in("cp")
 
-    batch = next(data_iterator)
-    tokens, labels = batch[:, :-1], batch[:, 1:]
-    position_ids = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
-    cp, cp_rank = ps.get_context_parallel_world_size(), ps.get_context_parallel_rank()
-    tokens, labels, position_ids = (context_parallel_slice(t, cp, cp_rank) for t in (tokens, labels, position_ids))
-    output = model(tokens, position_ids, None, labels=labels)
-    return output, _loss_func
+    def forward_step(data_iterator, model):
+        batch = next(data_iterator)
+        tokens, labels = batch[:, :-1], batch[:, 1:]
+        position_ids = torch.arange(tokens.shape[1], device=tokens.device).unsqueeze(0).expand_as(tokens)
+        tokens, labels, position_ids = (context_parallel_slice(t, cp, cp_rank) for t in (tokens, labels, position_ids))
+        output = model(tokens, position_ids, None, labels=labels)
+        return output, functools.partial(_loss_func, cp)
+
+    return forward_step
 
 
 def micro_batches(rows: torch.Tensor, micro_batch: int) -> list[torch.Tensor]:
@@ -73,7 +76,7 @@ def forward_backward(chunks: list, mesh, batches: list[torch.Tensor], seq_len: i
     n = len(batches)
     iterators = [iter(list(batches)) for _ in chunks]
     store = fb(
-        forward_step_func=_forward_step,
+        forward_step_func=_forward_step_for(mesh),
         data_iterator=iterators if len(chunks) > 1 else iterators[0],
         model=chunks if len(chunks) > 1 else chunks[0],
         num_microbatches=n,

@@ -76,12 +76,11 @@ shard, and the AdamW step the wrapper runs on zero gradients at construction is 
 """
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from hybridpar.config.optim import OptimConfig
 from hybridpar.zero.grad_sync import DEFAULT_BUCKET_NUMEL, OverlappedGradReduction
 from hybridpar.zero.param_gather import DeferredParamGather
 from hybridpar.zero import norm as zero_norm
@@ -93,31 +92,6 @@ def _fp32_grad(p: torch.Tensor) -> None:
     fp32; later ones are added into it in place, cast on the fly."""
     if p.grad is not None and p.grad.dtype != torch.float32:
         p.grad = p.grad.float()
-
-
-@dataclass(frozen=True)
-class OptimConfig:
-    lr: float = 3e-4
-    min_lr: float = 3e-5
-    warmup_steps: int = 0
-    total_steps: int = 1
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    grad_clip: float = 1.0  # 0 disables clipping
-    lr_scale_base_batch: int = 0  # >0: lr *= global_batch / base (linear scaling rule)
-
-
-def lr_at(step: int, cfg: OptimConfig, global_batch: int) -> float:
-    """LR for optimizer step ``step`` (1-based): linear warmup, then cosine decay to min_lr."""
-    scale = global_batch / cfg.lr_scale_base_batch if cfg.lr_scale_base_batch > 0 else 1.0
-    peak, floor = cfg.lr * scale, cfg.min_lr * scale
-    if cfg.warmup_steps > 0 and step <= cfg.warmup_steps:
-        return peak * step / cfg.warmup_steps
-    decay_steps = max(1, cfg.total_steps - cfg.warmup_steps)
-    progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
-    return floor + 0.5 * (peak - floor) * (1.0 + math.cos(math.pi * progress))
 
 
 NORM_ATTRIBUTES = ("tensor_model_parallel", "partition_dim", "partition_stride", "ds_pipe_replicated",

@@ -30,10 +30,10 @@ from hybridpar.topology.plan import Plan  # noqa: E402
 
 from hybridpar.checkpoint import CheckpointConfig, CheckpointError, Checkpointer, load_checkpoint, save_checkpoint  # noqa: E402
 from hybridpar.data import SyntheticTokens  # noqa: E402
-from hybridpar.zero.engine import OptimConfig  # noqa: E402
+from hybridpar.config.optim import OptimConfig  # noqa: E402
 from hybridpar.launch.local import init_distributed  # noqa: E402
 from results_io import finish  # noqa: E402
-from hybridpar.runtime.train import Job  # noqa: E402
+from hybridpar.runtime.job import Job  # noqa: E402
 
 # 8 query heads over 4 KV heads: TP 1, 2 and 4 all divide it.
 MODEL = ModelSpec(layers=4, hidden=64, ffn_hidden=176, heads=8, kv_heads=4, vocab=320, name="test-gqa")

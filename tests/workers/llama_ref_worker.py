@@ -24,9 +24,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 from hybridpar.topology.models import PRESETS  # noqa: E402
 from hybridpar.topology.plan import Plan  # noqa: E402
 
-from hybridpar.zero.engine import OptimConfig  # noqa: E402
+from hybridpar.config.optim import OptimConfig  # noqa: E402
 from hybridpar.runtime.llama_ref import LlamaReference, RefOptions  # noqa: E402
-from hybridpar.runtime.train import Job  # noqa: E402
+from hybridpar.runtime.job import Job  # noqa: E402
 from results_io import run_alone  # noqa: E402
 
 

@@ -28,9 +28,9 @@ from hybridpar.topology.models import PRESETS  # noqa: E402
 from hybridpar.topology.plan import Plan  # noqa: E402
 
 from hybridpar.data import SyntheticTokens  # noqa: E402
-from hybridpar.zero.engine import OptimConfig  # noqa: E402
+from hybridpar.config.optim import OptimConfig  # noqa: E402
 from hybridpar.launch.local import init_distributed  # noqa: E402
-from hybridpar.runtime.train import Job  # noqa: E402
+from hybridpar.runtime.job import Job  # noqa: E402
 from results_io import finish  # noqa: E402
 
 MODEL = PRESETS["tiny"]

@@ -28,11 +28,11 @@ from hybridpar.topology.plan import Plan  # noqa: E402
 
 from hybridpar.observe.comm_trace import Recorder  # noqa: E402  (shared with benchmarks/comm.py)
 from hybridpar.data import SyntheticTokens  # noqa: E402
-from hybridpar.zero.engine import OptimConfig  # noqa: E402
+from hybridpar.config.optim import OptimConfig  # noqa: E402
 from hybridpar.launch.local import init_distributed  # noqa: E402
 from results_io import finish  # noqa: E402
 from hybridpar.runtime.mesh import replica_hash  # noqa: E402
-from hybridpar.runtime.train import Job  # noqa: E402
+from hybridpar.runtime.job import Job  # noqa: E402
 
 # GQA test model: 8 query heads over 4 KV heads, so TP 4 divides both.
 MODEL = ModelSpec(layers=4, hidden=64, ffn_hidden=176, heads=8, kv_heads=4, vocab=320, name="test-gqa")

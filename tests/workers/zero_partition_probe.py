@@ -23,7 +23,8 @@ def main(zero_stage: int) -> dict:
     from hybridpar.topology.models import PRESETS
     from hybridpar.topology.stages import Stage
 
-    from hybridpar.zero.engine import OptimConfig, StageEngine
+    from hybridpar.config.optim import OptimConfig
+    from hybridpar.zero.engine import StageEngine
     from hybridpar.observe.memory_audit import count_stage, fake_world
     from hybridpar.runtime.mesh import Mesh
     from hybridpar.runtime.model import ModelOptions, build_model

@@ -7,7 +7,7 @@ HELP = "prepare training data: tokenize text or JSON lines into megatron .bin/.i
 
 
 def add_arguments(p):
-    sub = p.add_subparsers(dest="data_command", metavar="ACTION", parser_class=type(p))
+    sub = p.add_subparsers(dest="data_command", metavar="ACTION", parser_class=type(p), help="prepare or info")
     sub.required = True
     prep = sub.add_parser(
         "prepare",

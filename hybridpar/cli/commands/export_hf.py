@@ -14,7 +14,7 @@ def add_arguments(p):
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a step-NNNNNN directory, or a save directory (its latest)")
     p.add_argument("out_dir", metavar="OUT_DIR", help="the Hugging Face directory to create (must be absent or empty)")
     p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR when it is not empty")
-    p.add_argument("--tokenizer", help="byte, or a tokenizer.json (default: the run's, from the checkpoint's recipe.json)")
+    p.add_argument("--tokenizer", help="byte, or a tokenizer.json (default: the run's, from the checkpoint's run.json)")
     p.add_argument("--dtype", default="fp32", help="fp32 (default) or bf16")
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file, e.g. 5GB, 500MB (default 5GB)")
 

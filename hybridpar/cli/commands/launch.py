@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from hybridpar.topology.layout import NodeMap
 
 from hybridpar.errors import UsageError
+from hybridpar.files import write_atomic
 
 HELP = "write multi-node torchrun commands (c10d rendezvous) and, with --slurm, an sbatch script"
 
@@ -26,14 +26,6 @@ def add_arguments(p):
     p.add_argument("--port", type=int, default=29500, help="rendezvous port on the head node")
     p.add_argument("--out", help="directory for the files (default: launch/<recipe name>)")
     p.add_argument("train_args", nargs="*", help="extra `hybridpar train` flags, after --")
-
-
-def _write_atomic(path: Path, text: str, executable: bool = False) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.chmod(tmp, 0o755 if executable else 0o644)
-    os.replace(tmp, path)
 
 
 def run(args) -> int:
@@ -66,14 +58,14 @@ def run(args) -> int:
     except OSError as err:
         raise UsageError(f"cannot create output directory {out}: {err.strerror}") from None
     written = [out / "torchrun.sh"]
-    _write_atomic(written[0], "#!/usr/bin/env bash\n" + node_commands(spec), executable=True)
+    write_atomic(written[0], "#!/usr/bin/env bash\n" + node_commands(spec), permissions=0o755)
     if args.slurm:
         written.append(out / "job.sbatch")
         venv = args.venv or (sys.prefix if sys.prefix != sys.base_prefix else None)
         options = SlurmOptions(run_dir=os.path.abspath(args.run_dir or os.path.join("runs", recipe.name)),
                                workdir=os.getcwd(), venv=venv and os.path.abspath(venv), partition=args.partition,
                                time_limit=args.time, cpus_per_task=args.cpus_per_task)
-        _write_atomic(written[1], sbatch_script(spec, options))
+        write_atomic(written[1], sbatch_script(spec, options))
     print(node_commands(spec), end="")
     print("\nwrote " + ", ".join(map(str, written)))
     return 0

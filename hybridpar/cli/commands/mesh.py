@@ -15,7 +15,7 @@ def add_arguments(p):
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size")
     p.add_argument("--cp", type=int, default=1, help="context-parallel size")
     p.add_argument("--dp", type=int, default=1, help="data-parallel size (number of replicas)")
-    p.add_argument("--gpus-per-node", type=int, default=8)
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (default 8): how ranks fill nodes")
     p.add_argument("--order", default=DEFAULT_ORDER, choices=list(ORDERS), help="axes, innermost first")
     p.add_argument("--rank", type=int, help="also print the groups of this global rank")
     p.add_argument("--max-replicas", type=int, default=8, help="replicas listed before eliding")

@@ -47,7 +47,8 @@ def add_arguments(p):
     batch.add_argument("--global-batch", type=int, help="global batch in sequences")
     batch.add_argument("--global-batch-tokens", type=int,
                        help="global batch in tokens (default 16,777,216; must divide by --seq-len)")
-    p.add_argument("--precision", default="bf16", choices=[x for x in PRECISIONS if x != "fp32"])
+    p.add_argument("--precision", default="bf16", choices=[x for x in PRECISIONS if x != "fp32"],
+                   help="training precision the plan is for (default bf16)")
     for axis in ("tp", "pp", "cp", "dp", "micro-batch", "vpp", "zero"):
         p.add_argument(f"--{axis}", type=int, help=f"pin {axis}")
     p.add_argument("--recompute", choices=list(RECOMPUTE_MODES), help="pin activation recomputation")

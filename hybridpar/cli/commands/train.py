@@ -1,32 +1,34 @@
 """`hybridpar train`: train a recipe with DP outermost, TP x PP per replica, ZeRO on DP.
 
-The launching process checks everything, claims the run directory (run_dir.py: no overwrite of
-another run, no two runs at once) and starts the ranks; each rank trains until the last step or
-until the ranks agree to stop early (stopping.py: a signal, --stop-at-step, --exit-after), saves
-that step and leaves ``OUT/status.json`` saying how the run ended. Exit codes: 0 every step
-trained, 2 bad input, 3 replicas drifted apart, 4 stopped on request, 128+N stopped by signal N.
+The launching process checks everything and resolves the whole run once: a RunPlan
+(config/run.py) from the recipe and the flags. It claims the run directory (no overwrite of
+another run, no two runs at once), writes the RunPlan to OUT/plan.json and starts the local
+ranks with that file as their only input (``--run-plan``). Each rank trains until the last step
+or until the ranks agree to stop early (a signal, --stop-at-step, --exit-after), saves that
+step and leaves OUT/status.json saying how the run ended. Under a cluster launcher (torchrun,
+SLURM) every rank resolves the RunPlan itself and rank 0 claims the directory. Exit codes: 0
+every step trained, 2 bad input, 3 replicas drifted apart, 4 stopped on request, 128+N stopped
+by signal N.
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
-from hybridpar.topology.plan import RECOMPUTE_MODES
-
-from hybridpar.cli import reliability_flags as reliability_cli, watch_flags as watch_cli
-from hybridpar.cli import checkpoint_flags as checkpoint_cli
-from hybridpar.cli.flags import flags_argv
+from hybridpar.cli import checkpoint_flags, reliability_flags, watch_flags
 from hybridpar.errors import UsageError
+from hybridpar.topology.plan import RECOMPUTE_MODES
 
 HELP = "train a recipe: --nproc N starts N local ranks; under torchrun it runs as one rank"
 
 OVERRIDES = ("tp", "cp", "pp", "dp", "vpp", "zero", "micro_batch", "recompute", "global_batch", "steps", "seed")
-STOP_FLAGS = ("stop_at_step", "exit_after")
 STATUS = "status.json"
 
 
 def add_arguments(p):
-    p.add_argument("--recipe", required=True, help="recipe YAML file (format: README, 'Training')")
+    p.add_argument("--recipe", help="recipe YAML file (format: docs/training.md)")
+    p.add_argument("--run-plan", help=argparse.SUPPRESS)  # what the launcher hands its local ranks
     p.add_argument("--nproc", type=int, help="start this many local ranks (torch's elastic launcher)")
     p.add_argument("--tp", type=int, help="tensor-parallel size (overrides the recipe)")
     p.add_argument("--cp", type=int, help="context-parallel size (each sequence split over cp ranks)")
@@ -47,9 +49,9 @@ def add_arguments(p):
                    help="save and stop after step N (exit 4); the schedule still runs to --steps")
     p.add_argument("--exit-after", type=float, metavar="MINUTES",
                    help="save and stop (exit 4) before MINUTES have passed: when the next step and a save might not fit")
-    checkpoint_cli.add_arguments(p)
-    reliability_cli.add_arguments(p)
-    watch_cli.add_arguments(p)
+    checkpoint_flags.add_arguments(p)
+    reliability_flags.add_arguments(p)
+    watch_flags.add_arguments(p)
 
 
 def _world(args) -> int:
@@ -65,10 +67,13 @@ def _world(args) -> int:
 
 
 def prepare(args):
-    """Recipe + flags, validated against the world size: everything checked before any rank
-    starts. Returns (recipe, run directory, checkpoint_cli.CheckpointPlan)."""
+    """Recipe + flags, validated against the world size and resolved into the RunPlan: everything
+    checked before any rank starts."""
     from hybridpar.config.recipe import load_recipe, with_overrides
+    from hybridpar.config.run import RunPlan, StopSettings
 
+    if not args.recipe:
+        raise UsageError("--recipe is required: the recipe YAML to train (e.g. recipes/default.yaml)")
     recipe = load_recipe(args.recipe)
     flags = {k: getattr(args, k) for k in OVERRIDES}
     for key, value in flags.items():
@@ -81,40 +86,40 @@ def prepare(args):
     if args.overwrite and args.resume:
         raise UsageError("--overwrite deletes the run that --resume would continue: give one of them")
     recipe = with_overrides(recipe, **flags)
-    recipe = watch_cli.apply(reliability_cli.apply(recipe, args), args)
+    recipe = watch_flags.apply(reliability_flags.apply(recipe, args), args)
     recipe = recipe.validate(_world(args))
     out = args.out or os.path.join("runs", recipe.name)
-    recipe, ckpt = checkpoint_cli.apply(recipe, args, out)
-    _refuse_silent_cpu(recipe, args)
+    recipe, checkpoint = checkpoint_flags.apply(recipe, args, out)
+    cuda = _refuse_silent_cpu(recipe, args)
     from hybridpar.data.preflight import check_data_source
 
     d = recipe.data
     check_data_source(d.source, model_vocab=recipe.model.vocab, path=d.path, tokenizer=d.tokenizer)
-    if _first_to_check():
+    if os.environ.get("RANK", "0") == "0":  # the launcher, or rank 0 under a cluster launcher
         for line in recipe.warnings():
             print(f"hybridpar train: warning: {line}", file=sys.stderr, flush=True)
-    return recipe, out, ckpt
+    return RunPlan(
+        name=recipe.name, plan=recipe.to_plan(cuda), optim=recipe.optim_config(), seed=recipe.train.seed,
+        data=recipe.data, out=out, overlap_grad_reduce=recipe.parallel.overlap_grad_reduce,
+        overlap_param_gather=recipe.parallel.overlap_param_gather, checkpoint=checkpoint,
+        reliability=recipe.reliability, sample=recipe.generate,
+        stop=StopSettings(args.stop_at_step, None if args.exit_after is None else args.exit_after * 60),
+        progress=args.progress, recipe=args.recipe,
+    )
 
 
-def _first_to_check() -> bool:
-    """Whether this process says what every process finds: the launching process, or rank 0 under
-    another launcher (the ranks that `--nproc` starts check again, quietly)."""
-    from hybridpar.launch.local import INPUT_CHECKED, under_launcher
-
-    return not under_launcher() or (os.environ.get("RANK") == "0" and INPUT_CHECKED not in os.environ)
-
-
-def _refuse_silent_cpu(recipe, args) -> None:
-    """A recipe written for GPUs must not quietly train on CPU ranks: it would run in another
-    precision, on gloo, orders of magnitude slower, and look like it works."""
-    if not recipe.cluster.gpu or args.allow_cpu:
-        return
+def _refuse_silent_cpu(recipe, args) -> bool:
+    """Whether this machine has CUDA. A recipe written for GPUs must not quietly train on CPU
+    ranks: it would run in another precision, on gloo, orders of magnitude slower, and look like
+    it works."""
     import torch
 
-    if not torch.cuda.is_available():
+    cuda = torch.cuda.is_available()
+    if recipe.cluster.gpu and not args.allow_cpu and not cuda:
         raise UsageError(f"recipe {args.recipe} is for {recipe.cluster.gpu} GPUs, and this machine has no CUDA "
                          f"(torch {torch.__version__}); run it on a GPU machine (scripts/setup.sh installs a CUDA torch "
                          f"there), or pass --allow-cpu to train on CPU ranks anyway")
+    return cuda
 
 
 def _quiet_libraries() -> None:
@@ -126,58 +131,62 @@ def _quiet_libraries() -> None:
 
 
 def run(args) -> int:
+    from hybridpar.config.run import RunPlan
     from hybridpar.launch.local import launch_local, under_launcher
-    from hybridpar.reliability.run_dir import CLAIMED_ENV, RunDirs, claim
+    from hybridpar.reliability.run_dir import RunDirs, claim
 
-    recipe, out, ckpt = prepare(args)
-    dirs = RunDirs(out, ckpt.save_dir)
-    if under_launcher():
-        return _run_rank(args, recipe, out, ckpt, claimed=bool(os.environ.get(CLAIMED_ENV)), launched=True)
-    held = claim(dirs, resuming=bool(ckpt.resume), overwrite=args.overwrite)
+    if args.run_plan:  # a rank started by `hybridpar train --nproc`: the launcher resolved and claimed the run
+        return _run_rank(RunPlan.load(args.run_plan), claimed=True, launched=True)
+    run = prepare(args)
+    if under_launcher():  # a rank under torchrun or SLURM: rank 0 claims the run for all
+        return _run_rank(run, claimed=False, launched=True, overwrite=args.overwrite)
+    held = claim(RunDirs(run.out, run.checkpoint.save_dir), resuming=bool(run.checkpoint.resume),
+                 overwrite=args.overwrite)
     try:
         if args.nproc is not None and args.nproc > 1:
-            os.environ[CLAIMED_ENV] = "1"  # the ranks inherit it: this process holds the run
-            code = launch_local(args.nproc, ["train", *_argv_of(args, out)], stop_grace_s=recipe.reliability.timeout_s)
-            return _exit_code(out, code)
-        return _run_rank(args, recipe, out, ckpt, claimed=True, launched=False)
+            plan_file = os.path.join(run.out, "plan.json")
+            run.save(plan_file)
+            code = launch_local(args.nproc, ["train", "--run-plan", plan_file], stop_grace_s=run.reliability.timeout_s)
+            return _exit_code(run.out, code)
+        return _run_rank(run, claimed=True, launched=False)
     finally:
         held.release()
 
 
-def _run_rank(args, recipe, out: str, ckpt, claimed: bool, launched: bool) -> int:
+def _run_rank(run, claimed: bool, launched: bool, overwrite: bool = False) -> int:
     _quiet_libraries()
     from hybridpar.launch.local import init_distributed, is_lost_peer, lost_peer, shutdown
+    from hybridpar.observe.metrics import StepMonitor
     from hybridpar.reliability.replicas import ReplicaDriftError
     from hybridpar.reliability.stopping import StopConditions
-    from hybridpar.runtime.train import train
+    from hybridpar.runtime.loop import run_hooks, train
 
-    stop = StopConditions(args.stop_at_step, None if args.exit_after is None else args.exit_after * 60)
+    stop = StopConditions(run.stop.stop_at_step, run.stop.exit_after_s)
     stop.install()  # before the slow start: a signal from now on stops after the first step
-    init_distributed(timeout_s=recipe.reliability.timeout_s)
+    init_distributed(timeout_s=run.reliability.timeout_s)
     import torch.distributed as dist
 
     rank0 = dist.get_rank() == 0
     held = None
     code = 0
     try:
-        if not claimed:  # a cluster launcher started the ranks: rank 0 claims the run for all
-            held = _claim_on_rank0(out, ckpt, args.overwrite)
+        if not claimed:
+            held = _claim_on_rank0(run, overwrite)
         if rank0:
-            plan = recipe.to_plan()
+            plan = run.plan
             print(
-                f"hybridpar train: {recipe.name}: world {plan.world_size} = tp {plan.tp} x cp {plan.cp} x pp {plan.pp}"
+                f"hybridpar train: {run.name}: world {plan.world_size} = tp {plan.tp} x cp {plan.cp} x pp {plan.pp}"
                 f" x dp {plan.dp} (order {plan.order}), vpp {plan.vpp}, ZeRO-{plan.zero_stage}, recompute {plan.recompute}, micro-batch"
-                f" {plan.micro_batch} x {plan.grad_accum} per replica, {plan.precision}; writing {out}",
+                f" {plan.micro_batch} x {plan.grad_accum} per replica, {plan.precision}; writing {run.out}",
                 flush=True,
             )
-            _write_status(out, {"status": "running", "step": ckpt.resumed_step})
-        monitor = watch_cli.monitor(recipe, args, out)
+            _write_status(run.out, {"status": "running", "step": run.checkpoint.resumed_step})
+        monitor = StepMonitor(run.out, run.steps, progress=run.progress)
         say = monitor.write  # print(..., flush=True), through tqdm when rank 0 shows a bar
-        hooks = reliability_cli.hooks(recipe, say) + checkpoint_cli.hooks(recipe, ckpt, say, stop=stop)
-        hooks += watch_cli.hooks(monitor, recipe, out)
-        outcome = train(recipe, out, hooks=hooks, print_fn=say, stop=stop)
+        hooks = run_hooks(run, say, stop, monitor)
+        outcome = train(run, hooks=hooks, print_fn=say, stop=stop)
         if rank0:
-            _report_end(out, recipe, outcome, hooks)
+            _report_end(run.out, outcome, hooks)
         code = outcome.stopped.exit_code if outcome.stopped else 0
     except ReplicaDriftError as err:
         if rank0:
@@ -200,7 +209,7 @@ def _run_rank(args, recipe, out: str, ckpt, claimed: bool, launched: bool) -> in
     return 0 if launched and code not in (2, 3) else code
 
 
-def _claim_on_rank0(out: str, ckpt, overwrite: bool):
+def _claim_on_rank0(run, overwrite: bool):
     """Rank 0 claims the run directory; every rank learns the outcome (a UsageError on all)."""
     import torch.distributed as dist
 
@@ -209,7 +218,7 @@ def _claim_on_rank0(out: str, ckpt, overwrite: bool):
     held, error = None, None
     if dist.get_rank() == 0:
         try:
-            held = claim(RunDirs(out, ckpt.save_dir), resuming=bool(ckpt.resume), overwrite=overwrite)
+            held = claim(RunDirs(run.out, run.checkpoint.save_dir), resuming=bool(run.checkpoint.resume), overwrite=overwrite)
         except UsageError as err:
             error = str(err)
     box = [error]
@@ -219,7 +228,7 @@ def _claim_on_rank0(out: str, ckpt, overwrite: bool):
     return held
 
 
-def _report_end(out: str, recipe, outcome, hooks) -> None:
+def _report_end(out: str, outcome, hooks) -> None:
     """Rank 0: the one line an early stop prints, and OUT/status.json."""
     last = outcome.history[-1].step if outcome.history else None
     saved = next((h.saved[-1] for h in hooks if getattr(h, "saved", None)), None)
@@ -237,7 +246,7 @@ def _report_end(out: str, recipe, outcome, hooks) -> None:
 def _write_status(out: str, status: dict) -> None:
     import json
 
-    from hybridpar.runtime.train import write_atomic
+    from hybridpar.files import write_atomic
 
     os.makedirs(out, exist_ok=True)
     write_atomic(os.path.join(out, STATUS), json.dumps(status, sort_keys=True) + "\n")
@@ -255,10 +264,3 @@ def _exit_code(out: str, launcher_code: int) -> int:
     if status.get("status") == "stopped" and launcher_code in (0,) + tuple(range(128, 160)):
         return int(status["exit_code"])
     return launcher_code
-
-
-def _argv_of(args, out: str) -> list[str]:
-    """The ranks' command line: the same recipe and flags, without --nproc."""
-    argv = ["--recipe", args.recipe, *flags_argv(args, OVERRIDES + STOP_FLAGS)]
-    argv += ["--allow-cpu"] if args.allow_cpu else []
-    return argv + checkpoint_cli.argv(args) + reliability_cli.argv(args) + watch_cli.argv(args) + ["--out", out]

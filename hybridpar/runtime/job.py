@@ -1,40 +1,29 @@
-"""The training loop: wires mesh, model, schedule and engine, and nothing else.
+"""One layout's running state on this rank, and one optimizer step.
 
-``Job`` holds one layout's running state (mesh, model chunks, DeepSpeed engine, data source);
-``Job.train_step(step)`` is one optimizer step over one global batch and returns its metrics.
-``train(recipe, out_dir)`` is the whole run used by ``hybridpar train``: it builds a Job,
-loops over the steps, prints one line per step on rank 0 and appends metrics.jsonl.
-
-Extension points (issue 4):
-- data: ``recipe.data.build(...)`` returns any object with the ``hybridpar.data`` batch
-  contract (``global_batch(step)`` -> LongTensor [global_batch, seq_len + 1]);
-- hooks: ``train(..., hooks=[...])`` calls ``hook.on_start(job, first_step)`` once (a checkpoint
-  loader returns the step to resume from), ``hook.on_step_begin(job, step)`` before every step
-  (fault injection), and ``hook.on_step(job, metrics)`` after every step (checkpoint saving,
-  replica hashing, extra metrics);
-  ``hook.step_record(job, metrics)`` returns ``(extra keys, text)`` for metrics.jsonl and the
-  step line (hybridpar.metrics.StepMonitor: FLOP/s, MFU, predicted step time).
+``Job(plan, optim, source, seed)`` builds the mesh (every process group), this rank's model
+chunks (megatron-core, canonical initial weights), its DeepSpeed ZeRO engine and its batch
+prefetcher; ``Job.train_step(step)`` runs one optimizer step over one global batch (megatron's
+schedule, the DP reduction, the model-parallel gradient sums, AdamW) and returns its metrics,
+agreeing across the world on the loss, an early stop and a background save's completion in one
+small all-reduce. ``Job.full_state_dict()`` gathers the one-process weights to rank 0.
 """
 from __future__ import annotations
 
-import json
-import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from hybridpar.topology.plan import Plan
-
+from hybridpar.config.optim import OptimConfig, lr_at
 from hybridpar.data.prefetch import BatchPrefetcher
-from hybridpar.zero.engine import OptimConfig, StageEngine, lr_at
-from hybridpar.zero.grad_sync import DEFAULT_BUCKET_NUMEL
+from hybridpar.reliability.stopping import STOP_REASONS
 from hybridpar.runtime.mesh import Mesh
 from hybridpar.runtime.model import ModelOptions, build_model, canonical_params, full_from_shards
 from hybridpar.runtime.pipeline import finalize_model_parallel_grads, forward_backward, micro_batches, model_parallel_summed_params
-from hybridpar.reliability.run_dir import keep_steps_before
-from hybridpar.reliability.stopping import STOP_REASONS, StopReason
+from hybridpar.topology.plan import Plan
+from hybridpar.zero.engine import StageEngine
+from hybridpar.zero.grad_sync import DEFAULT_BUCKET_NUMEL
 
 
 @dataclass
@@ -170,94 +159,3 @@ class Job:
         self._chunks = None
         self.batches.close()
         self.mesh.destroy()
-
-
-# --- the run ------------------------------------------------------------------------------
-def _append_line(path: str, record: dict) -> None:
-    """Append one whole JSON line with a single write (readers never see half a line)."""
-    data = (json.dumps(record, sort_keys=True) + "\n").encode()
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path: str, text: str) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def format_step(m: StepMetrics, total: int) -> str:
-    return (
-        f"step {m.step}/{total} | loss {m.loss:.6f} | grad norm {m.grad_norm:.4f} | lr {m.lr:.3e} | "
-        f"{m.step_time_s:.3f} s | {m.tokens_per_s:,.0f} tokens/s"
-    )
-
-
-def _all_written(hooks) -> bool | None:
-    """This rank's vote on the checkpoint in flight: None when no hook has one."""
-    votes = [v for v in (h.save_written() for h in hooks if hasattr(h, "save_written")) if v is not None]
-    return all(votes) if votes else None
-
-
-@dataclass
-class TrainOutcome:
-    history: list  # StepMetrics of the steps this run trained
-    stopped: StopReason | None = None  # set when the run stopped before its last step
-
-
-def train(recipe, out_dir: str | None, hooks=(), print_fn=print, stop=None) -> TrainOutcome:
-    """Train ``recipe`` (a hybridpar.recipe.Recipe) on the already-initialised process group.
-    ``stop`` (stopping.StopConditions) may end the run after any step; the hooks' ``on_stop``
-    (the checkpointer: save that step) run first."""
-    plan = recipe.to_plan()
-    source = recipe.data.build(seq_len=plan.seq_len, global_batch=plan.global_batch, vocab=plan.model.vocab, seed=recipe.train.seed)
-    job = Job(plan, recipe.optim_config(), source, seed=recipe.train.seed,
-              overlap_grad_reduce=recipe.parallel.overlap_grad_reduce,
-              overlap_param_gather=recipe.parallel.overlap_param_gather)
-    rank0 = dist.get_rank() == 0
-    first = 1
-    for hook in hooks:
-        first = max(first, int(getattr(hook, "on_start", lambda j, s: s)(job, first) or first))
-    metrics_path = None
-    if out_dir and rank0:
-        os.makedirs(out_dir, exist_ok=True)
-        write_atomic(os.path.join(out_dir, "plan.json"), plan.to_json() + "\n")
-        metrics_path = os.path.join(out_dir, "metrics.jsonl")
-        keep_steps_before(metrics_path, first)  # a resumed run writes the later steps again
-    outcome = TrainOutcome([])
-    for step in range(first, recipe.train.steps + 1):
-        for hook in hooks:
-            if hasattr(hook, "on_step_begin"):
-                hook.on_step_begin(job, step)
-        m = job.train_step(step, stop, lambda: _all_written(hooks))
-        outcome.history.append(m)
-        record, line = asdict(m), format_step(m, recipe.train.steps)
-        record.pop("stop"), record.pop("saves_written")
-        for hook in hooks:
-            if hasattr(hook, "step_record"):  # extra metrics.jsonl keys and step-line text (metrics.StepMonitor)
-                extra, text = hook.step_record(job, m)
-                record.update(extra)
-                line += text
-        if rank0:
-            print_fn(line)
-            if metrics_path:
-                _append_line(metrics_path, record)
-        for hook in hooks:
-            if hasattr(hook, "on_step"):
-                hook.on_step(job, m)
-        if stop is not None:
-            stop.observe(step_s=m.step_time_s)
-        if m.stop and step < recipe.train.steps:
-            outcome.stopped = StopReason(m.stop, step)
-            for hook in hooks:
-                if hasattr(hook, "on_stop"):
-                    hook.on_stop(job, m)
-            break
-    job.close()
-    return outcome
