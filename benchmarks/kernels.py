@@ -10,7 +10,7 @@ measures both on the GPU at hand, in the planner's own FLOP counts, and writes t
   (the fastest is the burst rate, MAMF, as ml-engineering's mamf-finder.py measures it); then the
   fastest shape runs --soak seconds without pause, and the median over the second half, once
   clocks and temperature have settled under the power limit, is the sustained rate whose fraction
-  of the peak the file gets (what a training step sees; README "Where the lean comes from").
+  of the peak the file gets (what a training step sees; docs/planner.md, "Where the lean comes from").
 * attention: torch SDPA (FlashAttention on CUDA), causal, batch 1, forward and backward, counted
   as the planner counts it (topology/cost.py causal_attention_flops, backward
   FLASH_BACKWARD_RATIO x the forward).

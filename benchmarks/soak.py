@@ -6,7 +6,7 @@
 Two runs of the same recipe and --steps: an uninterrupted reference, and the soak run, which is
 launched in segments. Each segment but the last ends with one fault, in turn: a rank SIGKILLed
 in the middle of a step (after the forward of a micro-batch, through HYBRIDPAR_FAULT,
-hybridpar/faults.py), a rank SIGKILLed while the checkpoint is being written (in the background),
+hybridpar/reliability/faults.py), a rank SIGKILLed while the checkpoint is being written (in the background),
 and SIGTERM to the launcher as a cluster's preemption sends it (the ranks save that step and stop,
 exit 143); the next segment resumes with --resume auto (the latest complete checkpoint). Checks:
 no segment hangs (each has a wall-clock limit), every killed segment names the killed rank, every

@@ -1,4 +1,4 @@
-"""hybridpar's core attention (torch SDPA, hybridpar/attention.py) computes megatron's attention.
+"""hybridpar's core attention (torch SDPA, hybridpar/runtime/attention.py) computes megatron's attention.
 
 Same canonical weights, megatron's DotProductAttention (materialised scores) vs SDPA on the tiny
 GQA model: fp32 logits within 1e-5 of the largest logit and every gradient within 1e-5 of its

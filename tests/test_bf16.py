@@ -1,5 +1,5 @@
 """bf16 runs: gradients accumulate over micro-batches in fp32 and reach the fp32 master step
-without a bf16 rounding (hybridpar/engine.py ``_fp32_grad_accumulation``), and bf16 training
+without a bf16 rounding (hybridpar/zero/engine.py ``_fp32_grad_accumulation``), and bf16 training
 tracks fp32.
 
 One 4-rank launch (tests/workers/bf16_worker.py):

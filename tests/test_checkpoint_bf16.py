@@ -2,7 +2,7 @@
 
 bf16 runs train bf16 weights from fp32 masters (ZeRO 1/2: DeepSpeed's flat fp32 partitions; ZeRO 0:
 the fp32 copies of DeepSpeed's bf16 wrapper around ClippedAdamW) with gradients accumulated in
-fp32 (hybridpar/engine.py). A checkpoint holds the fp32 masters and both AdamW moments; loading
+fp32 (hybridpar/zero/engine.py). A checkpoint holds the fp32 masters and both AdamW moments; loading
 sets the masters and the bf16 weights (the masters rounded to bf16, as DeepSpeed's step does).
 
 - Same layout, for ZeRO-1 on TP2xPP2, ZeRO-2 on PP2xDP2 and ZeRO-0 on TP2xDP2: N steps + save, a

@@ -1,4 +1,4 @@
-"""Strict device mode (hybridpar/cpu.py): CPU ranks that fail where a GPU would.
+"""Strict device mode (hybridpar/compat/cpu.py): CPU ranks that fail where a GPU would.
 
 The whole suite runs its ranks under ``HYBRIDPAR_STRICT_DEVICE=1`` (tests/conftest.py); the
 multi-rank tests check that the mode was on in every rank (test_runtime.py). Here, in a fresh

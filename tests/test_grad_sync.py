@@ -1,4 +1,4 @@
-"""hybridpar/grad_sync.py on its own (one process, gloo): buckets in backward order, nothing issued
+"""hybridpar/zero/grad_sync.py on its own (one process, gloo): buckets in backward order, nothing issued
 inside megatron's no_sync, buckets issued strictly in order from the backward's gradient hooks
 whatever order the gradients arrive in, no gradient held twice while its bucket is in flight,
 and finish() leaves the averaged sums as views of the reduced buffer. Multi-rank
@@ -24,7 +24,7 @@ def test_buckets_are_issued_in_order_from_the_last_backward(tmp_path):
 
 
 def test_partition_pieces_follow_deepspeeds_flat_layout():
-    """Which DP rank steps which elements (hybridpar/zero_partitions.py), read from DeepSpeed's
+    """Which DP rank steps which elements (hybridpar/zero/partitions.py), read from DeepSpeed's
     layout: parameters flattened in order with alignment padding after each, cut into equal
     partitions. Here 3 parameters of 5, 2 and 6 elements, each padded to a multiple of 4 but the
     last (offsets 0, 8, 12), 18 elements cut into 2 partitions of 9 (the last 0-padded)."""

@@ -24,7 +24,7 @@ def test_total_params_by_hand():
 @pytest.mark.parametrize("zero, sw", [(0, HYBRIDPAR), (1, HYBRIDPAR), (2, HYBRIDPAR), (2, MEGATRON_CORE)])
 def test_zero_states_per_stage_tp2_pp2_dp2(zero, sw):
     """Classic ZeRO-2 shards the gradients; hybridpar's keeps them whole until its one
-    reduction per step (hybridpar/engine.py _defer_zero2_reduction), in fp32."""
+    reduction per step (hybridpar/zero/engine.py _defer_zero2_reduction), in fp32."""
     plan = Plan(TINY, seq_len=32, global_batch=16, tp=2, pp=2, dp=2, micro_batch=2, zero_stage=zero)
     per_layer = (ATTENTION + MLP) // 2 + NORMS  # matrices split over TP=2, norms replicated
     held = {"first stage": 2 * per_layer + EMBEDDING // 2,  # 56,576

@@ -1,7 +1,7 @@
 """A rank dies, a checkpoint write is interrupted, a replica drifts (issue 6 sections 2-4).
 
 Three real 8-rank launches of the tiny recipe (TP2 x PP2 x DP2, 6 steps, a checkpoint every 2),
-faults injected with HYBRIDPAR_FAULT (hybridpar/faults.py), real SIGKILLs:
+faults injected with HYBRIDPAR_FAULT (hybridpar/reliability/faults.py), real SIGKILLs:
 
 A. rank 5 SIGKILLs itself while the step-4 checkpoint is being written (after its own shard):
    the job fails fast naming rank 5 and SIGKILL, step 2 stays the latest checkpoint and intact,

@@ -11,7 +11,7 @@ per step) trains 3 steps with recompute none, selective and full from the same s
 - losses, grad norms and final weights (gathered to full tensors) equal the no-recompute run
   within TOL = 1e-6 (measured: bit-identical on CPU);
 - megatron's checkpoint rerun restores the (CPU) generators: dropout drawn in the model-parallel
-  tracker gives the same input gradient with and without checkpointing (hybridpar/cpu.py, 4).
+  tracker gives the same input gradient with and without checkpointing (hybridpar/compat/cpu.py, 4).
 Plus fast CLI checks: a bad recompute value is a one-line exit-2 error before any rank starts,
 and `--recompute` / `parallel.recompute` reach the Plan and the planner's pins.
 """

@@ -20,7 +20,7 @@ from multirank import run_worker
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = 5
 TOL = 1e-5
-# DP gradient reduction (hybridpar/grad_sync.py) in buckets of at least this many elements: the
+# DP gradient reduction (hybridpar/zero/grad_sync.py) in buckets of at least this many elements: the
 # test model's stages hold 56-226k parameters in tensors of up to 22k, so these layouts reduce in
 # 7-18 buckets per rank, each issued from the backward pass; the others use the default bucket
 # (one per stage here).
@@ -43,7 +43,7 @@ LAYOUTS = [
     {"name": "tp2_pp2_dp2_sp", "tp": 2, "pp": 2, "dp": 2, "zero": 1, "sp": True},
     {"name": "tp2_pp2_dp2_tied", "tp": 2, "pp": 2, "dp": 2, "zero": 1, "tied": True, "bucket": SMALL_BUCKET},
     {"name": "pp2_dp4_tied_zero2", "pp": 2, "dp": 4, "zero": 2, "tied": True},
-    # Context parallelism (hybridpar/attention.py): 2 chunks per CP rank, K/V all-gathered.
+    # Context parallelism (hybridpar/runtime/attention.py): 2 chunks per CP rank, K/V all-gathered.
     {"name": "cp2_dp4", "cp": 2, "dp": 4, "zero": 1, "micro_batch": 1},
     {"name": "tp2_cp2_pp2_zero0", "tp": 2, "cp": 2, "pp": 2, "dp": 1, "zero": 0},
     # No DP: ZeRO shards over the CP ranks, which hold the same weights (megatron-core's
@@ -150,7 +150,7 @@ def test_one_process_run_equals_plain_pytorch_adamw(runs, name):
 
 
 def test_every_rank_ran_in_strict_device_mode_and_only_rank_0_holds_the_full_weights(runs):
-    """Strict device mode (hybridpar/cpu.py) was on in every rank of every layout, and the full
+    """Strict device mode (hybridpar/compat/cpu.py) was on in every rank of every layout, and the full
     weights (Job.full_state_dict) reached rank 0's CPU and no other rank."""
     _, ref, par = runs
     for name, result in [*par.items(), *ref.items()]:
@@ -236,12 +236,12 @@ def test_traffic_stays_on_its_axis(runs, name):
                     tp_events += 1
             else:  # scalars: the loss for the log (world) and the grad-norm sums (dp, replica)
                 assert e["group"] in (world, groups["dp"], groups["mp"], groups["tp"]), (rank, e)
-        # ZeRO's norm: both parameter groups' sums in one all-reduce per axis (hybridpar/zero_norm.py)
+        # ZeRO's norm: both parameter groups' sums in one all-reduce per axis (hybridpar/zero/norm.py)
         scalar_groups = [tuple(e["group"]) for e in events if e["op"] == "all_reduce" and e["numel"] <= SCALARS]
         assert scalar_groups.count(tuple(groups["dp"])) == 1, (rank, scalar_groups)
         assert scalar_groups.count(tuple(groups["mp"])) == (1 if len(groups["mp"]) > 1 else 0), (rank, scalar_groups)
         # One bucket per stage: the updated weights of both parameter groups in one all-gather
-        # (hybridpar/param_gather.py), after the step's one reduce-scatter.
+        # (hybridpar/zero/param_gather.py), after the step's one reduce-scatter.
         gathers = [e for e in events if e["op"] == "all_gather_into_tensor" and e["group"] == groups["dp"]]
         assert len(gathers) == 1, (rank, gathers)
     assert dp_bytes > 0, "no gradient traffic on the DP groups"
@@ -304,7 +304,7 @@ def test_deepspeed_reduction_all_reduces_in_full(runs):
 @pytest.mark.parametrize("layout", [l for l in LAYOUTS if l.get("zero", 1) > 0 and l.get("dp", 1) * l.get("cp", 1) > 1],
                          ids=lambda l: l["name"])
 def test_zero_weights_are_gathered_behind_the_next_forward(runs, layout):
-    """ZeRO 1/2 with DP > 1 (hybridpar/param_gather.py): when train_step returns, the updated weights
+    """ZeRO 1/2 with DP > 1 (hybridpar/zero/param_gather.py): when train_step returns, the updated weights
     are still in flight on every rank after every step (the next forward waits for them bucket by
     bucket) and yet every layout trains like one process (test_layout_trains_like_one_process).
     With the overlaps off, DeepSpeed gathers them inside its step."""

@@ -1,7 +1,7 @@
 """Time per optimizer step for a Plan: FLOPs, compute at a shape-dependent rate, communication,
 the pipeline bubble, the optimizer; throughput and MFU from those.
 
-Assumptions (README "Planning a layout" lists them with the rest):
+Assumptions (docs/planner.md lists them with the rest):
 * GEMMs: roofline per GEMM. Compute runs at the GPU's maximum achievable matmul rate
   (hardware.GPU.gemm_fraction x dense peak), reduced by wave quantisation: the output is cut
   into 128 x 256 tiles (the large CUTLASS/cuBLAS tile on Ampere and Hopper) and a wave of tiles
@@ -66,7 +66,7 @@ ATTN_HEAD64 = 0.85
 # variance (24 B), read the gradient (4 B), write the 16-bit weight (2 B).
 OPTIMIZER_BYTES_PER_PARAM = 30
 # Gradient bucket of the overlapped DP reduction: megatron-core's default 40M elements
-# (DistributedDataParallelConfig: max(40M, 1M x dp)); hybridpar/grad_sync.py uses this one.
+# (DistributedDataParallelConfig: max(40M, 1M x dp)); hybridpar/zero/grad_sync.py uses this one.
 GRAD_BUCKET_NUMEL = 40_000_000
 # FlashAttention's backward FLOPs over its forward's: it recomputes the scores (Dao 2022, §3.1).
 FLASH_BACKWARD_RATIO = 2.5

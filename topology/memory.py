@@ -114,7 +114,7 @@ def model_state_bytes(n_params: float, dp: int, zero_stage: int, fp32_grads: boo
     """(weights, gradients, optimizer) bytes per GPU for n_params held by its model-parallel rank.
 
     ``zero2_reduce_once`` (hybridpar's ZeRO-2, software.Software): the gradients accumulate in a
-    full buffer until the step's one reduction (hybridpar/engine.py _defer_zero2_reduction), so
+    full buffer until the step's one reduction (hybridpar/zero/engine.py _defer_zero2_reduction), so
     ZeRO-2 shards only the optimizer state, like ZeRO-1."""
     grad_bytes = 4 if fp32_grads else 2
     weights = 2 * n_params / (dp if zero_stage >= 3 else 1)

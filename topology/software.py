@@ -31,10 +31,10 @@ class Software:
     dropout: bool = False
     # The DP gradient reduction is issued bucket by bucket during the last micro-batch's backward
     # and hidden behind it up to that backward's length (megatron-core overlap_grad_reduce;
-    # hybridpar/grad_sync.py). False: it runs after the backward, exposed.
+    # hybridpar/zero/grad_sync.py). False: it runs after the backward, exposed.
     overlap_grad_reduce: bool = True
     # ZeRO's all-gather of the updated 16-bit weights overlaps the next step's first forward, all
-    # but its first bucket (megatron-core overlap_param_gather; hybridpar/param_gather.py). False:
+    # but its first bucket (megatron-core overlap_param_gather; hybridpar/zero/param_gather.py). False:
     # it runs inside the optimizer step, exposed.
     overlap_param_gather: bool = True
     # Pipeline sends/receives overlap compute in the interleaved schedule (overlap_p2p_comm).
@@ -64,7 +64,7 @@ class Software:
     # buffered_allreduce_fallback over the fp32 _hp_grad buffers. Also DeepSpeed's own ZeRO-1/2
     # reduction as hybridpar drives it with overlap_grad_reduce off: DeepSpeed 0.19's
     # zero_optimization.use_multi_rank_bucket_allreduce defaults to true, so each gradient bucket
-    # is all-reduced in full and each rank keeps its partition (measured: README "Benchmarks",
+    # is all-reduced in full and each rank keeps its partition (measured: docs/benchmarks.md,
     # comm). Not for ZeRO-0 (one all-reduce anyway). False: a reduce-scatter, or hybridpar's
     # reduce of each element to the rank that steps it (grad_sync.py; the same bytes).
     full_grad_allreduce: bool = False
@@ -86,12 +86,12 @@ class Software:
     # p2p_communication.py has no such option: without sequence parallelism every TP rank sends
     # the full b s h activation.
     p2p_scatter_gather: bool = False
-    # hybridpar's ZeRO-2 (hybridpar/engine.py _defer_zero2_reduction): gradients accumulate in a
+    # hybridpar's ZeRO-2 (hybridpar/zero/engine.py _defer_zero2_reduction): gradients accumulate in a
     # full, unsharded buffer over the micro-batches and are reduced once per step at the
     # boundary, after the last backward (not overlapped). False: classic ZeRO-2 (DeepSpeed's
     # hooks, FSDP SHARD_GRAD_OP): sharded gradients, reduce-scattered every micro-batch.
     zero2_reduce_once: bool = False
-    # ZeRO stages the software runs (hybridpar's runtime refuses ZeRO-3: hybridpar/recipe.py).
+    # ZeRO stages the software runs (hybridpar's runtime refuses ZeRO-3: hybridpar/config/recipe.py).
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     # Activation recomputation modes it offers (selective recomputation came with sequence
     # parallelism in 2022, Korthikanti et al.).
@@ -134,15 +134,15 @@ class Software:
 # replaced by per-bucket broadcasts from the owners that the next forward waits for bucket by
 # bucket (param_gather.py). Gradients accumulate in fp32 (bf16 runs: engine._fp32_grad) and are
 # reduced in fp32. megatron-core's gradient_accumulation_fusion is off
-# (hybridpar/model.py: it needs megatron's main_grad buffers and TransformerEngine or apex), so
+# (hybridpar/runtime/model.py: it needs megatron's main_grad buffers and TransformerEngine or apex), so
 # every micro-batch's bf16 weight gradients are added into the fp32 ones by autograd's in-place
 # accumulation, cast on the fly (engine._fp32_grad; the first micro-batch of a step is only cast,
 # 6 bytes, counted like the others; a one-stage model's tied embedding still casts then adds).
-# Its optimizer step (hybridpar/engine.py: torch.optim.AdamW under DeepSpeed ZeRO) allocates 8 bytes
+# Its optimizer step (hybridpar/zero/engine.py: torch.optim.AdamW under DeepSpeed ZeRO) allocates 8 bytes
 # per parameter of the shard: DeepSpeed's fp32 flat partition gradient (zero/stage_1_and_2.py step:
 # flat_grad_partition.to(fp32)) and torch's foreach AdamW's sqrt of the variance, a new tensor
 # (torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(...)).
-# Its layers run megatron-core's unfused RoPE and SwiGLU (hybridpar/model.py: apply_rope_fusion and
+# Its layers run megatron-core's unfused RoPE and SwiGLU (hybridpar/runtime/model.py: apply_rope_fusion and
 # bias_activation_fusion off, plain PyTorch paths); what they keep was measured tensor by tensor
 # (hybridpar/activation_audit.py, docs/planner.md "Memory truth").
 HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1, 2),

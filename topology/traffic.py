@@ -174,7 +174,7 @@ def runtime_bytes(plan: Plan, pp_rank: int = 0, dtype_bytes: int = 4, grad_bytes
         dp = AxisBytes(0, n * grad_bytes + n * dtype_bytes, reduce + _ring(d, False) * n * dtype_bytes)
     cp = AxisBytes(0, 0.0, 0.0)
     if plan.cp > 1 and st.layers:
-        # hybridpar/attention.py: K and V each all-gathered (again when recomputed); backward sums
+        # hybridpar/runtime/attention.py: K and V each all-gathered (again when recomputed); backward sums
         # dK and dV with a reduce-scatter.
         kv = _kv_bytes(plan, dtype_bytes) * st.layers * mb
         gathers = _cp_gathers(plan)

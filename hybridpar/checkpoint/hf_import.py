@@ -84,7 +84,7 @@ def load_hf_into(job, hf_dir: str, files: dict[str, str]) -> int:
 
 
 class HFInit:
-    """A ``train()`` hook: Hugging Face weights before the first step (hybridpar/train.py)."""
+    """A ``train()`` hook: Hugging Face weights before the first step (hybridpar/runtime/loop.py)."""
 
     def __init__(self, hf_dir: str, print_fn=print):
         self.hf_dir, self.print_fn = hf_dir, print_fn

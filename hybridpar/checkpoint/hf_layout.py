@@ -1,6 +1,6 @@
 """Hugging Face Llama <-> hybridpar's canonical parameters: names, slices, config (pure Python).
 
-Each canonical parameter (hybridpar/model.py) is cut along one axis into *segments*, each a
+Each canonical parameter (hybridpar/runtime/model.py) is cut along one axis into *segments*, each a
 contiguous run of one HF tensor along the same axis:
 
 - ``linear_qkv`` [(heads + 2 kv) x head_dim, hidden], laid out per query group as

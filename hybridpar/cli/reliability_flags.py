@@ -3,7 +3,7 @@
 The recipe may set the same things (``reliability: {timeout_s: 120, check_replicas: 50,
 on_drift: stop}``, ``hybridpar.recipe.ReliabilitySection``); flags win. ``timeout_s`` is the
 process-group timeout: a collective whose peers stopped answering fails after that long
-instead of hanging (a peer that died outright is usually noticed at once, see README
+instead of hanging (a peer that died outright is usually noticed at once, see docs/training.md
 "Reliability"). Fault injection for tests (``HYBRIDPAR_FAULT``) is in ``hybridpar.faults``.
 """
 from __future__ import annotations

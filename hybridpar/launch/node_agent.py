@@ -1,6 +1,6 @@
 """``python -m hybridpar.launch.node_agent <torchrun arguments>``: one node's agent in a multi-node job.
 
-The launch scripts (launch_scripts.py) run this instead of ``torchrun``. It is torchrun: torch's
+The launch scripts ((launch/scripts.py)) run this instead of ``torchrun``. It is torchrun: torch's
 own entry (``torch.distributed.run``: ``parse_args`` + ``run`` under ``@record``), the same
 arguments, the same output and exit codes, with one exception. With the c10d rendezvous the
 head node's agent hosts the TCP store every agent talks to; when the head node dies (or the

@@ -1,6 +1,6 @@
 """What users watch per step: model FLOP/s per GPU, MFU, the planner's prediction, a progress bar.
 
-``StepMonitor`` is a ``train()`` hook (hybridpar/train.py). At the start it works out, once:
+``StepMonitor`` is a ``train()`` hook (hybridpar/runtime/loop.py). At the start it works out, once:
 
 - the model FLOPs of one step: ``topology.cost.model_flops_per_seq`` (Megatron-Core's formula,
   the planner's own) x the global batch;

@@ -1,6 +1,6 @@
 """A plain-PyTorch Llama forward pass over the canonical (one-process) weights.
 
-``Job.full_state_dict()`` returns every parameter under its canonical name (hybridpar/model.py);
+``Job.full_state_dict()`` returns every parameter under its canonical name (hybridpar/runtime/model.py);
 ``LlamaReference(spec, weights)`` computes the logits those weights define with nothing but
 torch ops, independently of megatron-core, so that
 

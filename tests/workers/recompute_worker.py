@@ -81,7 +81,7 @@ def run_mode(cfg: dict, mode: str) -> tuple[dict, dict]:
 
 def rng_rerun_check() -> float:
     """megatron's checkpoint with dropout drawn inside the model-parallel tracker (CPU accommodation 4
-    of hybridpar/cpu.py): the rerun in backward must draw the same mask, so the input gradient
+    of hybridpar/compat/cpu.py): the rerun in backward must draw the same mask, so the input gradient
     equals the one without checkpointing. Returns the largest difference."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
     from megatron.core import tensor_parallel

@@ -1,5 +1,5 @@
 """One process for tests/test_device_strict.py: which uses of a tensor created without a device
-fail under strict device mode (hybridpar/cpu.py). Prints one JSON line."""
+fail under strict device mode (hybridpar/compat/cpu.py). Prints one JSON line."""
 from __future__ import annotations
 
 import json

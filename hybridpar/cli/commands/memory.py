@@ -13,7 +13,7 @@ GIB = 1024**3
 
 
 def add_arguments(p):
-    p.add_argument("--recipe", required=True, help="a training recipe (hybridpar/recipe.py)")
+    p.add_argument("--recipe", required=True, help="a training recipe (hybridpar/config/recipe.py)")
     p.add_argument("--gpus", type=int, help="world size, which sets dp (required unless the recipe sets parallel.dp)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
 

@@ -36,7 +36,7 @@ def add_arguments(p):
                       help="print the published runs the planner is checked against: reported vs predicted MFU, "
                       "signed error, memory verdict, median error and bias (docs/planner.md)")
     what.add_argument("--model", help="preset name or a .json/.yaml model file")
-    what.add_argument("--recipe", help="a training recipe (hybridpar/recipe.py): its model, seq_len, "
+    what.add_argument("--recipe", help="a training recipe (hybridpar/config/recipe.py): its model, seq_len, "
                       "global_batch, cluster and parallel sizes (as pins); flags override it")
     p.add_argument("--gpus", type=int, help="number of GPUs (required with --model or --recipe)")
     p.add_argument("--gpu", help=f"GPU type: {', '.join(CATALOGUE)} (default h100-80gb), or a .json/.yaml GPU "
