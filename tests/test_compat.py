@@ -68,7 +68,8 @@ def problem(reliance: Reliance, internal: Internal) -> str | None:
         if internal.params:
             got = _leading_params(member)[:len(internal.params)]
             if got != list(internal.params):
-                return f"{head} now takes ({', '.join(got)}), where hybridpar passes ({', '.join(internal.params)}){tail}"
+                now, ours = ", ".join(got), ", ".join(internal.params)
+                return f"{head} now takes ({now}), where hybridpar passes ({ours}){tail}"
     elif internal.kind == ASSIGNED:
         if not re.search(rf"\.{re.escape(internal.name)}\s*=(?!=)", _source(owner)):
             return f"{head} is no longer set{tail}"
@@ -108,7 +109,8 @@ def test_the_check_names_what_changed():
     """The checker itself can fail: a missing member, a changed signature, an unset attribute."""
     fake = Reliance("packaging", ("0", "999"), ())
     version = importlib.metadata.version("packaging")
-    gone = Internal("packaging.version:Version", "setup_buckets", "hybridpar.zero.engine defers ZeRO-2's reduction through it")
+    gone = Internal("packaging.version:Version", "setup_buckets",
+                    "hybridpar.zero.engine defers ZeRO-2's reduction through it")
     assert problem(fake, gone) == (f"packaging {version}: Version.setup_buckets is gone; "
                                    "hybridpar.zero.engine defers ZeRO-2's reduction through it")
     resigned = Internal("packaging.version:Version", "__init__", "x", MEMBER, ("text",))
@@ -187,7 +189,7 @@ def violations(source: str, where: str) -> list[str]:
         for name in names:
             if name in SCANNED and name not in allowed:
                 report(node, f"touches the dependency internal {name!r}")
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign) else []
+        targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
         for target in targets:
             if isinstance(target, ast.Attribute) and _root(target) in deps:
                 report(node, f"assigns to {_root(target)}...{target.attr}")

@@ -7,7 +7,8 @@ rank r of the DP group steps partition r. ``partition_pieces`` maps every parame
 its elements each rank owns (``Piece``). ``grad_sync`` reduces each run to its owner only (a
 ``dist.reduce`` per owner and bucket: the bytes of a reduce-scatter, half those of an all-reduce),
 and ``PartitionHandOff`` writes what this rank received into one flat fp32 partition per group
-and hands it to DeepSpeed's step (``compat.deepspeed.install_averaged_partition``), so DeepSpeed's own gradient bucketing and copies are skipped. DeepSpeed's norm,
+and hands it to DeepSpeed's step (``compat.deepspeed.install_averaged_partition``), so
+DeepSpeed's own gradient bucketing and copies are skipped. DeepSpeed's norm,
 clipping, AdamW step and weight all-gather are unchanged.
 """
 from __future__ import annotations
@@ -64,7 +65,8 @@ class PartitionHandOff:
         whose averaged gradient is whole in ``p.grad`` (reduced in full) — their owned runs are cut
         from it."""
         opt = self.opt
-        flats = [torch.zeros(size, dtype=torch.float32, device=deepspeed_compat.device(opt)) for size in deepspeed_compat.partition_sizes(opt)]
+        device = deepspeed_compat.device(opt)
+        flats = [torch.zeros(size, dtype=torch.float32, device=device) for size in deepspeed_compat.partition_sizes(opt)]
         for piece, data in received:
             flats[piece.group][piece.offset:piece.offset + piece.length].copy_(data)
         for p in full_params:
@@ -74,5 +76,6 @@ class PartitionHandOff:
             for pc in self._mine[p]:
                 flats[pc.group][pc.offset:pc.offset + pc.length].copy_(g[pc.start:pc.start + pc.length])
         for i, params in enumerate(deepspeed_compat.params_in_partition(opt)):
-            slices = [flats[i][pc.offset:pc.offset + pc.length] for p in params for pc in self._mine[p] if pc.group == i]
+            slices = [flats[i][pc.offset:pc.offset + pc.length]
+                      for p in params for pc in self._mine[p] if pc.group == i]
             deepspeed_compat.install_averaged_partition(opt, i, slices, flats[i])
