@@ -240,7 +240,7 @@ class StageEngine:
         self.fp32_masters = self._label_fp32_masters()
         if zero_stage > 0:
             self._remove_deepspeed_grad_hooks()
-            deepspeed_compat.reduce_group_norms_together(self.engine.optimizer)  # one norm all-reduce per axis, not one per group
+            deepspeed_compat.reduce_group_norms_together(self.engine.optimizer)  # one all-reduce per axis
         if zero_stage == 2:
             self._defer_zero2_reduction()
         if self.fp32_grad_accum:
