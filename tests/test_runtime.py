@@ -236,7 +236,7 @@ def test_traffic_stays_on_its_axis(runs, name):
                     tp_events += 1
             else:  # scalars: the loss for the log (world) and the grad-norm sums (dp, replica)
                 assert e["group"] in (world, groups["dp"], groups["mp"], groups["tp"]), (rank, e)
-        # ZeRO's norm: both parameter groups' sums in one all-reduce per axis (hybridpar/zero/norm.py)
+        # ZeRO's norm: both parameter groups' sums in one all-reduce per axis (compat/deepspeed.py reduce_group_norms_together)
         scalar_groups = [tuple(e["group"]) for e in events if e["op"] == "all_reduce" and e["numel"] <= SCALARS]
         assert scalar_groups.count(tuple(groups["dp"])) == 1, (rank, scalar_groups)
         assert scalar_groups.count(tuple(groups["mp"])) == (1 if len(groups["mp"]) > 1 else 0), (rank, scalar_groups)

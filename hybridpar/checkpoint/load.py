@@ -16,6 +16,7 @@ from hybridpar.checkpoint.files import CheckpointError, check_file, read_manifes
 from hybridpar.checkpoint.optim import MOMENTS, OptimizerView
 from hybridpar.checkpoint.reshard import CheckpointReader
 from hybridpar.checkpoint.save import param_meta
+from hybridpar.compat import deepspeed as deepspeed_compat
 
 
 def _agree(error: str | None) -> None:
@@ -95,6 +96,5 @@ def load_checkpoint(job, path: str, restore_rng: bool = True, print_fn=None) -> 
             rng.restore(reader.rank_data(dist.get_rank())["rng"])
 
     on_every_rank(load)
-    job.engine.engine.global_steps = manifest.step
-    job.engine.engine.global_samples = manifest.step * job.plan.global_batch
+    deepspeed_compat.set_step_counters(job.engine.engine, manifest.step, manifest.step * job.plan.global_batch)
     return manifest.step

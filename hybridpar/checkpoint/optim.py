@@ -2,8 +2,8 @@
 
 - ZeRO 1/2 (DeepSpeedZeroOptimizer, and DeepSpeed's BF16 optimizer): the base optimizer steps
   one flat fp32 partition per param group; DeepSpeed links each parameter that overlaps this
-  rank's partition to its piece of it (``p._hp_mapping``: the range inside the flattened
-  parameter and the range inside the flat partition). The fp32 master weights are that flat
+  rank's partition to its piece of it (``compat.deepspeed.fragment_address``: the range inside the
+  flattened parameter and the range inside the flat partition). The fp32 master weights are that flat
   partition; AdamW's moments are keyed by it.
 - ZeRO 0: a plain torch optimizer over the parameters themselves, replicated on every DP rank
   (DP rank 0 saves it; every rank loads it).
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from hybridpar.checkpoint.files import CheckpointError
+from hybridpar.compat import deepspeed as deepspeed_compat
 
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
@@ -36,12 +37,12 @@ class OptimizerView:
         self.dp_rank = dp_rank
         # ZeRO-0 bf16: model parameter -> its fp32 master (StageEngine found them; absent: the parameter itself)
         self.masters = stage_engine.fp32_masters
-        if hasattr(self.opt, "single_partition_of_fp32_groups") or hasattr(self.opt, "fp32_groups_flat_partition"):
-            self.partitioned, self.base = True, self.opt.optimizer
+        if deepspeed_compat.is_partitioned(self.opt):
+            self.partitioned, self.base = True, deepspeed_compat.inner_optimizer(self.opt)
         elif isinstance(self.opt, torch.optim.Optimizer):
             self.partitioned, self.base = False, self.opt
         elif self.masters:
-            self.partitioned, self.base = False, self.opt.optimizer
+            self.partitioned, self.base = False, deepspeed_compat.inner_optimizer(self.opt)
         else:
             raise CheckpointError(f"checkpointing does not know DeepSpeed's optimizer wrapper {type(self.opt).__name__}")
 
@@ -50,22 +51,23 @@ class OptimizerView:
         """ZeRO 0: the tensor the optimizer steps for ``p`` (its fp32 master, or ``p`` itself)."""
         return self.masters.get(p, p)
 
-    def _flat(self, p):
-        return self.base.param_groups[p._hp_mapping.param_group_index]["params"][0]
+    def _flat(self, at: deepspeed_compat.FragmentAddress):
+        """The flat fp32 partition (the master weights) that holds the fragment at ``at``."""
+        return self.base.param_groups[at.group]["params"][0]
 
     def fragment(self, p) -> Fragment | None:
         """The part of ``p`` this rank saves (None: another DP rank owns all of it)."""
         if self.partitioned:
-            m = getattr(p, "_hp_mapping", None)
-            if m is None:
+            at = deepspeed_compat.fragment_address(p)
+            if at is None:
                 return None
-            flat = self._flat(p)
-            hp = m.hp_fragment_address
+            flat = self._flat(at)
             state = self.base.state.get(flat, {})
-            tensors = {"param": flat.detach().narrow(0, hp.start, hp.numel)}
+            tensors = {"param": flat.detach().narrow(0, at.flat_start, at.flat_numel)}
             for key in MOMENTS:
-                tensors[key] = state[key].narrow(0, hp.start, hp.numel) if key in state else torch.zeros(hp.numel, device=flat.device)
-            return Fragment(m.lp_fragment_address.start, m.lp_fragment_address.numel, tensors)
+                tensors[key] = (state[key].narrow(0, at.flat_start, at.flat_numel) if key in state
+                                else torch.zeros(at.flat_numel, device=flat.device))
+            return Fragment(at.param_start, at.param_numel, tensors)
         if self.dp_rank != 0:
             return None
         master = self._master(p)
@@ -103,10 +105,10 @@ class OptimizerView:
     def needed_range(self, p) -> tuple[int, int] | None:
         """The flat range of ``p`` whose optimizer state this rank holds (None: none)."""
         if self.partitioned:
-            m = getattr(p, "_hp_mapping", None)
-            if m is None:
+            at = deepspeed_compat.fragment_address(p)
+            if at is None:
                 return None
-            return m.lp_fragment_address.start, m.lp_fragment_address.start + m.lp_fragment_address.numel
+            return at.param_start, at.param_start + at.param_numel
         return 0, p.numel()
 
     @torch.no_grad()
@@ -116,17 +118,17 @@ class OptimizerView:
         master = self.masters.get(p)
         if master is not None:
             master.data.copy_(value.view_as(master))
-        if self.partitioned and getattr(p, "_hp_mapping", None) is not None:
-            m = p._hp_mapping
-            lp, hp = m.lp_fragment_address, m.hp_fragment_address
-            self._flat(p).data.narrow(0, hp.start, hp.numel).copy_(value.reshape(-1)[lp.start : lp.start + lp.numel])
+        at = deepspeed_compat.fragment_address(p) if self.partitioned else None
+        if at is not None:
+            self._flat(at).data.narrow(0, at.flat_start, at.flat_numel).copy_(
+                value.reshape(-1)[at.param_start:at.param_start + at.param_numel])
 
     @torch.no_grad()
     def set_moment(self, p, key: str, values: torch.Tensor) -> None:
         """``values``: the flat range ``needed_range(p)`` of moment ``key``."""
         if self.partitioned:
-            hp = p._hp_mapping.hp_fragment_address
-            self.base.state[self._flat(p)][key].narrow(0, hp.start, hp.numel).copy_(values)
+            at = deepspeed_compat.fragment_address(p)
+            self.base.state[self._flat(at)][key].narrow(0, at.flat_start, at.flat_numel).copy_(values)
         else:
             master = self._master(p)
             self.base.state[master][key].copy_(values.view_as(master))

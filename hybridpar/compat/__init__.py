@@ -1,1 +1,1 @@
-"""Everything that touches a dependency's internals or works around its limits (CPU ranks), one module per dependency."""
+"""The one place that touches a dependency's internals: deepspeed.py, megatron.py and torch.py, each listing what it relies on (RELIES_ON, checked against the installed versions by tests/test_compat.py); and cpu.py, the accommodations CPU ranks need."""

@@ -39,6 +39,9 @@ import sys
 import torch
 from torch.overrides import TorchFunctionMode
 
+from hybridpar.compat import megatron as megatron_compat
+from hybridpar.compat import torch as torch_compat
+
 _APPLIED = False
 _MODE = None
 _STRICT_MODE = None
@@ -102,13 +105,7 @@ def _called_from_project() -> bool:
     return False
 
 
-def _constructors() -> frozenset:
-    from torch.utils._device import _device_constructors
-
-    return frozenset(_device_constructors())
-
-
-_CONSTRUCTORS = _constructors()
+_CONSTRUCTORS = torch_compat.device_constructors()
 
 
 def _tensors(args, kwargs):
@@ -162,39 +159,6 @@ class CudaToCpu(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _cpu_rng_tracker_class():
-    from megatron.core.tensor_parallel import random as mrandom
-
-    class CpuRNGStatesTracker(mrandom.CudaRNGStatesTracker):
-        """megatron's tracker with the CPU generator in place of the CUDA one (same seed layout)."""
-
-        def add(self, name, seed):
-            self._is_initialized = True
-            if seed in self.seeds_:
-                raise Exception(f"seed {seed} already exists")
-            self.seeds_.add(seed)
-            if name in self.states_:
-                raise Exception(f"rng state {name} already exists")
-            orig = torch.get_rng_state()
-            torch.manual_seed(seed)
-            self.states_[name] = torch.get_rng_state()
-            torch.set_rng_state(orig)
-
-        @contextlib.contextmanager
-        def fork(self, name=mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME):
-            if name not in self.states_:
-                raise Exception(f"rng state {name} is not added")
-            orig = torch.get_rng_state()
-            torch.set_rng_state(self.states_[name])
-            try:
-                yield
-            finally:
-                self.states_[name] = torch.get_rng_state()
-                torch.set_rng_state(orig)
-
-    return CpuRNGStatesTracker
-
-
 def apply() -> bool:
     """Install the CPU accommodations (idempotent). Returns True when they are active."""
     global _APPLIED, _MODE
@@ -206,12 +170,7 @@ def apply() -> bool:
     # where the torch-function mode below is not active.
     torch.cuda.current_device = lambda: torch.device("cpu")
     torch.cuda.synchronize = lambda *a, **k: None
-    from megatron.core.tensor_parallel import random as mrandom
-
-    mrandom._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
-    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
-    mrandom._get_cuda_rng_state = lambda *a, **k: None  # read at call time by _get_all_rng_states
-    mrandom._set_cuda_rng_state = lambda *a, **k: None
+    megatron_compat.install_cpu_rng_tracker()
     _MODE = CudaToCpu()
     _MODE.__enter__()  # process-wide for the main thread, where the model and schedules run
     _APPLIED = True
@@ -221,16 +180,11 @@ def apply() -> bool:
 def seed_model_parallel_rng(seed: int, tp_rank: int) -> None:
     """Megatron's seed layout for its tracker: CUDA on GPU, the CPU generator on CPU."""
     from megatron.core import tensor_parallel
-    from megatron.core.tensor_parallel import random as mrandom
 
     if not on_cpu():
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
         return
-    tracker = mrandom._CUDA_RNG_STATE_TRACKER
-    tracker.reset()
-    tracker.add(mrandom._DATA_PARALLEL_RNG_TRACKER_NAME, seed)
-    tracker.add(mrandom._MODEL_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + tp_rank)
-    tracker.add(mrandom._EXPERT_PARALLEL_RNG_TRACKER_NAME, seed + 2718 + 100 * (tp_rank + 1) + 1)
+    megatron_compat.seed_cpu_rng_tracker(seed, tp_rank)
 
 
 def name_deepspeed_accelerator() -> None:
@@ -245,10 +199,9 @@ def skip_deepspeed_shm_build() -> None:
     cache). It only serves inference all-reduce, which training never calls: skip it on CPU."""
     if not on_cpu():
         return
-    import importlib
+    from hybridpar.compat import deepspeed as deepspeed_compat
 
-    # (`import deepspeed.comm.torch as m` would bind deepspeed.comm's `torch` attribute: torch itself)
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    deepspeed_compat.skip_shm_build()
 
 
 @contextlib.contextmanager

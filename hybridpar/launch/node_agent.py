@@ -18,6 +18,17 @@ torchrun. An agent that never reached the store (wrong HEAD_NODE, head node not 
 the rendezvous read timeout) gets one line too. Unlike torchrun, the agent's own C++ warnings
 (c10 logging, mostly the store client's) are off unless TORCH_CPP_LOG_LEVEL is set; the ranks'
 are not touched.
+
+Why this replaces methods of torch's agent (``compat.torch.watch_elastic_agent``: ``run`` and
+``_monitor_workers`` of LocalElasticAgent, ``shutdown`` of the rendezvous handler) rather than
+wrapping torchrun's public ``run`` and probing the store after it fails: by the time ``run``
+raises, torch's launcher has already closed the rendezvous through the dead store (its
+``finally``; against a host that is gone rather than refusing connections, each store call
+waits out its timeout), logged its own errors about the store, and lost what says whether ranks
+were ever started (the difference between "lost the head node" and "never reached it"). One
+clear line for the one failure every multi-node user meets is worth three hooks, given that
+they act only after torch's agent has failed (a job whose head node lives runs exactly as under
+torchrun) and that tests/test_compat.py names any torch that changes what they rely on.
 """
 from __future__ import annotations
 
@@ -68,40 +79,19 @@ class _Watch:
 
 def _install(watch: _Watch) -> None:
     """Hook torch's local agent: note when ranks run; after a failure, check the store first."""
-    from torch.distributed.elastic.agent.server.api import WorkerState
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
-    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
-    import torch.distributed as dist
+    from hybridpar.compat import torch as torch_compat
 
-    monitor, run = LocalElasticAgent._monitor_workers, LocalElasticAgent.run
-    shutdown = DynamicRendezvousHandler.shutdown
-
-    def _monitor_workers(self, worker_group):
-        result = monitor(self, worker_group)
+    def after_check(failed: bool):
         watch.started = True
         # Ranks that lost their peers on the head node fail as the store goes: name the cause.
-        if result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY) and not watch.answers():
-            raise watch.lost()
-        return result
+        return watch.lost() if failed and not watch.answers() else None
 
-    def _run(self, *args, **kwargs):  # its finally stops the ranks before this sees the error
-        try:
-            return run(self, *args, **kwargs)
-        except (RendezvousConnectionError, dist.DistNetworkError, dist.DistStoreError) as err:
-            if watch.answers():
-                raise
-            raise (watch.lost() if watch.started else watch.unreachable()) from err
+    def on_store_failure(err):
+        if watch.answers():
+            return None
+        return watch.lost() if watch.started else watch.unreachable()
 
-    def _shutdown(self):  # closing the rendezvous needs the store: only stop the heartbeats
-        if not watch.gone:
-            return shutdown(self)
-        self._stop_heartbeats()
-        return False
-
-    LocalElasticAgent._monitor_workers = _monitor_workers
-    LocalElasticAgent.run = _run
-    DynamicRendezvousHandler.shutdown = _shutdown
+    torch_compat.watch_elastic_agent(after_check, on_store_failure, can_close_rendezvous=lambda: not watch.gone)
 
 
 def _import_torch() -> None:
@@ -123,13 +113,14 @@ def main(argv: list[str] | None = None) -> int:
     from torch.distributed import run as torchrun
     from torch.distributed.elastic.multiprocessing.errors import record
     from torch.distributed.elastic.rendezvous import RendezvousConnectionError
-    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    from hybridpar.compat import torch as torch_compat
 
     args = torchrun.parse_args(sys.argv[1:] if argv is None else argv)
     os.environ[LAUNCHER_PID] = str(os.getpid())  # the ranks' parent (launcher_death.py)
     watch = None
     if args.rdzv_backend == "c10d" and args.rdzv_endpoint and not args.standalone:
-        watch = _Watch(*parse_rendezvous_endpoint(args.rdzv_endpoint, default_port=29400))
+        watch = _Watch(*torch_compat.rendezvous_endpoint(args.rdzv_endpoint, default_port=29400))
         _install(watch)
     try:
         record(torchrun.run)(args)

@@ -23,6 +23,8 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from hybridpar.compat import torch as torch_compat
+
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                "broadcast", "reduce", "all_to_all", "all_to_all_single", "all_gather_object", "barrier")
 P2P = ("isend", "irecv", "send", "recv")
@@ -63,23 +65,16 @@ class Recorder:
         self._depth = 0  # a call re-entered through a __torch_function__ mode is recorded once
 
     def install(self) -> "Recorder":
-        from torch.distributed import distributed_c10d as c10d
-
         for name in COLLECTIVES + P2P:
             if hasattr(dist, name) and name not in self.saved:
                 orig = getattr(dist, name)
                 self.saved[name] = orig
-                wrapped = self._wrap(name, orig)
-                setattr(dist, name, wrapped)
-                setattr(c10d, name, wrapped)  # P2POp checks its op against c10d's own isend/irecv
+                torch_compat.replace_distributed_function(name, self._wrap(name, orig))
         return self
 
     def uninstall(self) -> None:
-        from torch.distributed import distributed_c10d as c10d
-
         for name, orig in self.saved.items():
-            setattr(dist, name, orig)
-            setattr(c10d, name, orig)
+            torch_compat.replace_distributed_function(name, orig)
         self.saved = {}
 
     @contextmanager

@@ -83,13 +83,11 @@ class StageAudit:
 @contextlib.contextmanager
 def fake_world(world: int, rank: int):
     """A process group of ``world`` ranks in which this process is ``rank`` and no collective moves
-    data: torch's fake backend, from its private test utilities
-    (``torch.testing._internal.distributed.fake_pg.FakeStore``; importing the module registers the
-    "fake" backend). megatron's ``initialize_model_parallel`` needs the full world to lay out its
-    groups; no peer exists."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
+    data: torch's fake backend (``compat.torch.fake_store``). megatron's ``initialize_model_parallel``
+    needs the full world to lay out its groups; no peer exists."""
+    from hybridpar.compat import torch as torch_compat
 
-    dist.init_process_group("fake", rank=rank, world_size=world, store=FakeStore())
+    dist.init_process_group("fake", rank=rank, world_size=world, store=torch_compat.fake_store())
     try:
         yield
     finally:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from hybridpar.compat import torch as torch_compat
 from hybridpar.topology.layout import Coord, RankLayout
 
 KINDS = ("tp", "cp", "pp", "dp", "dp_cp", "mp", "embedding")
@@ -80,7 +81,7 @@ class Mesh:
             # megatron also lays out (unused) expert groups and requires their data-parallel size
             # to equal the attention's under PP; folding CP into the expert TP size does that.
             kwargs["expert_tensor_parallel_size"] = layout.tp * layout.cp
-        minutes = _world_timeout_minutes()
+        minutes = torch_compat.world_timeout_minutes()
         if minutes is not None:  # megatron's groups default to 30 minutes, whatever the world's timeout
             kwargs["distributed_timeout_minutes"] = minutes
         try:
@@ -206,15 +207,6 @@ class DeepSpeedMPU:
 
     def get_pipeline_model_parallel_world_size(self):
         return self.mesh.size("pp")
-
-
-def _world_timeout_minutes() -> float | None:
-    """The world group's timeout (``hybridpar train --timeout-s``), for the groups built from it."""
-    try:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        return dist.group.WORLD._get_backend(device).options._timeout.total_seconds() / 60
-    except Exception:  # noqa: BLE001 - a private API: without it the groups keep megatron's default
-        return None
 
 
 def replica_hash(modules, mesh: Mesh) -> list[str]:

@@ -118,6 +118,7 @@ def build_model(spec: ModelSpec, mesh, opts: ModelOptions, seed: int = 0, draw_w
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
     from hybridpar.compat import cpu
+    from hybridpar.compat import megatron as megatron_compat
 
     cpu.apply()
     cpu.seed_model_parallel_rng(seed, mesh.tp_rank)
@@ -130,7 +131,7 @@ def build_model(spec: ModelSpec, mesh, opts: ModelOptions, seed: int = 0, draw_w
             mesh.group("cp") if mesh.layout.cp > 1 else None)
     elif opts.attention != "megatron":
         raise ValueError(f"unknown attention {opts.attention!r}: sdpa or megatron")
-    torch_norm = _uses_torch_norm(layer_spec)
+    torch_norm = megatron_compat.uses_torch_fallback_norm(layer_spec)
     if torch_norm:  # no apex/TE: megatron's torch fallback norm refuses sequence parallelism
         layer_spec.submodules.input_layernorm = RMSNorm
         layer_spec.submodules.pre_mlp_layernorm = RMSNorm
@@ -180,11 +181,6 @@ class RMSNorm(torch.nn.Module):
 
     def forward(self, x):
         return torch.nn.functional.rms_norm(x, (self.hidden_size,), self.weight, self.eps)
-
-
-def _uses_torch_norm(layer_spec) -> bool:
-    norm = layer_spec.submodules.input_layernorm
-    return getattr(norm, "__name__", "") == "WrappedTorchNorm"
 
 
 def _block_spec(layer_spec, config, vp_stage):

@@ -1,1 +1,1 @@
-"""ZeRO on the DP (x CP) axis: the DeepSpeed engine per stage, gradient reduction in buckets, the weight gather, the gradient norm."""
+"""ZeRO on the DP (x CP) axis: the DeepSpeed engine per stage, gradient reduction in buckets, the weight gather (DeepSpeed's internals they use, and its one-reduction gradient norm, live in hybridpar.compat.deepspeed)."""

@@ -12,7 +12,7 @@ DP reduction (``overlap_grad_reduce``, the default): ``grad_sync.OverlappedGradR
 reduces the gradients over DP (x CP) in buckets issued from the last micro-batch's backward, and
 ``finish_grad_reduction()`` waits for them before the model-parallel sums. ZeRO-0: each bucket is
 all-reduced. ZeRO 1/2: each gradient element is reduced only to the DP rank whose DeepSpeed
-partition holds it (``zero_partitions``: the bytes of a reduce-scatter, half an all-reduce's), and
+partition holds it (``partitions``: the bytes of a reduce-scatter, half an all-reduce's), and
 ``step()`` hands DeepSpeed that flat partition as its averaged gradient; the few parameters whose
 model-parallel sums need the averaged gradient whole (sequence-parallel norm weights, a tied
 embedding on the end stages: ``whole_grad_params``) are all-reduced as at ZeRO-0. DeepSpeed's
@@ -80,10 +80,10 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from hybridpar.compat import deepspeed as deepspeed_compat
 from hybridpar.config.optim import OptimConfig
 from hybridpar.zero.grad_sync import DEFAULT_BUCKET_NUMEL, OverlappedGradReduction
 from hybridpar.zero.param_gather import DeferredParamGather
-from hybridpar.zero import norm as zero_norm
 from hybridpar.zero.partitions import PartitionHandOff
 
 
@@ -214,7 +214,7 @@ class StageEngine:
         self.fp32_masters = self._label_fp32_masters()
         if zero_stage > 0:
             self._remove_deepspeed_grad_hooks()
-            zero_norm.install(self.engine.optimizer)  # one norm all-reduce per axis, not one per group
+            deepspeed_compat.reduce_group_norms_together(self.engine.optimizer)  # one all-reduce per axis
         if zero_stage == 2:
             self._defer_zero2_reduction()
         if self.fp32_grad_accum:
@@ -254,17 +254,16 @@ class StageEngine:
         Returns {model parameter: its fp32 master} (empty without the wrapper), which
         checkpoint/optim.py saves and loads through."""
         wrapper = self.engine.optimizer
-        low_groups, high_groups = getattr(wrapper, "fp16_groups", None), getattr(wrapper, "fp32_groups", None)
-        if low_groups is None or high_groups is None:
+        masters = deepspeed_compat.fp32_masters(wrapper)
+        if masters is None:
             return {}
-        masters = {p: master for low, high in zip(low_groups, high_groups) for p, master in zip(low, high)}
         with torch.no_grad():
             for p, master in masters.items():
                 for name in NORM_ATTRIBUTES:
                     if hasattr(p, name):
                         setattr(master, name, getattr(p, name))
                 master.copy_(p.float())
-        wrapper.optimizer.state.clear()
+        deepspeed_compat.inner_optimizer(wrapper).state.clear()
         return masters
 
     def _fp32_grad_accumulation(self) -> None:
@@ -289,15 +288,11 @@ class StageEngine:
             p.register_post_accumulate_grad_hook(_fp32_grad)
         if self.zero_stage == 0:
             return
-        opt = self.engine.optimizer
-        # DeepSpeed's fp32 accumulation attribute path (ZeRO-1 with CPU offload uses it): the
-        # reduction reads p.grad_accum into an fp32 bucket and adds the fp32 result into an fp32
-        # partition buffer. Its per-parameter hooks (removed, _remove_deepspeed_grad_hooks) would
-        # have moved p.grad into p.grad_accum after every micro-batch, before pipeline.py's
-        # model-parallel sums read p.grad; the hand-over happens once, in step().
-        opt.gradient_accumulation_dtype = torch.float32
-        opt.use_separate_grad_accum = True
-        opt.use_grad_accum_attribute = True
+        # DeepSpeed's fp32 accumulation attribute path. Its per-parameter hooks (removed,
+        # _remove_deepspeed_grad_hooks) would have moved p.grad into p.grad_accum after every
+        # micro-batch, before pipeline.py's model-parallel sums read p.grad; the hand-over happens
+        # once, in step().
+        deepspeed_compat.accumulate_through_grad_accum(self.engine.optimizer)
 
     def _remove_deepspeed_grad_hooks(self) -> None:
         """ZeRO 1/2: DeepSpeed hooks every parameter's gradient accumulation and acts after each
@@ -306,19 +301,7 @@ class StageEngine:
         costs time (about 1 ms per step on the tiny model: 54 parameters x 2 micro-batches).
         hybridpar reduces once per step, so the hooks go; ``step()`` (or ZeRO-2's boundary
         reduction) sets up the buckets they used to."""
-        opt = self.engine.optimizer
-        for handle in opt._grad_acc_hooks:
-            handle.remove()
-        opt._grad_acc_hooks = []
-
-    def _hand_over_fp32_grads(self) -> None:
-        opt = self.engine.optimizer
-        for group in opt.bit16_groups:
-            for p in group:
-                if p.grad is not None:
-                    p.grad_accum = p.grad  # fp32 (_fp32_grad): DeepSpeed reads it without a cast
-                    p.grad = None
-        opt.setup_buckets()  # fp32 buckets (allocated per step; the hooks that did it are gone)
+        deepspeed_compat.remove_grad_hooks(self.engine.optimizer)
 
     def _defer_zero2_reduction(self) -> None:
         """ZeRO-2: accumulate over micro-batches locally, reduce once at the boundary.
@@ -326,28 +309,16 @@ class StageEngine:
         DeepSpeed's per-parameter reduce hooks are removed, and the hook that DeepSpeed calls at
         the boundary of an unmanaged step (``finalize_gradient_accumulation_boundary``) is
         replaced by one pass of DeepSpeed's own bucketed reduction over every gradient."""
-        opt = self.engine.optimizer
-
-        def reduce_once_at_boundary():
-            opt.set_gradient_accumulation_boundary(True)
-            opt.setup_buckets()
-            for i, group in enumerate(opt.bit16_groups):
-                for p in group:
-                    if opt.get_gradient_for_reduction(p) is not None:
-                        opt.reduce_ready_partitions_and_remove_grads(p, i)
-            opt.overlapping_partition_gradients_reduce_epilogue()  # also builds averaged_gradients
-
-        opt.finalize_gradient_accumulation_boundary = reduce_once_at_boundary
+        deepspeed_compat.reduce_zero2_once_at_boundary(self.engine.optimizer)
 
     def _hand_dp_reduction_to_grad_sync(self) -> None:
         """The gradients DeepSpeed sees are already averaged over DP (x CP) by ``grad_sync``:
         ZeRO-0 skips its all-reduce; ZeRO 1/2 skip their whole boundary reduction (bucketing,
         collective, copies into partitions): ``step()`` installs the partitions ``grad_sync``
-        reduced to this rank (``zero_partitions.PartitionHandOff``)."""
-        self.engine.enable_backward_allreduce = False  # ZeRO 0/1: engine.step() reduces no more
+        reduced to this rank (``partitions.PartitionHandOff``)."""
+        deepspeed_compat.skip_engine_allreduce(self.engine)
         if self.zero_stage == 2:
-            opt = self.engine.optimizer
-            opt.finalize_gradient_accumulation_boundary = lambda: opt.set_gradient_accumulation_boundary(True)
+            deepspeed_compat.skip_zero2_boundary_reduction(self.engine.optimizer)
 
     def finish_grad_reduction(self) -> None:
         """Wait for the DP reduction issued during the last backward (call before the
@@ -377,9 +348,9 @@ class StageEngine:
             self.hand_off.install(self.grad_sync.received, self.whole_grad_params)
             self.grad_sync.received = []  # the partitions hold the data now
         elif self.fp32_grad_accum and self.zero_stage > 0:
-            self._hand_over_fp32_grads()
+            deepspeed_compat.hand_over_as_grad_accum(self.engine.optimizer)
         elif self.zero_stage == 1:
-            self.engine.optimizer.setup_buckets()  # what the removed hooks did
+            deepspeed_compat.setup_buckets(self.engine.optimizer)  # what the removed hooks did
         if self.param_gather is not None:
             with self.param_gather.deferring():
                 self.engine.step()
@@ -388,7 +359,7 @@ class StageEngine:
             self.engine.step()
         # ZeRO-0: ClippedAdamW's norm (DeepSpeed's bf16 wrapper around it reports a norm of its own
         # that ignores hybridpar's clipping rules); ZeRO 1/2: DeepSpeed's.
-        inner = getattr(self.engine.optimizer, "optimizer", self.engine.optimizer)
+        inner = deepspeed_compat.inner_optimizer(self.engine.optimizer)
         norm = inner._global_grad_norm if isinstance(inner, ClippedAdamW) else self.engine.get_global_grad_norm()
         return float(norm) if norm is not None else float("nan")
 
@@ -396,5 +367,4 @@ class StageEngine:
         for chunk in self.chunks:
             for p in chunk.parameters():
                 p.grad = None
-                if getattr(p, "grad_accum", None) is not None:
-                    p.grad_accum = None
+                deepspeed_compat.clear_grad_accum(p)

@@ -23,38 +23,16 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
+from hybridpar.compat import deepspeed as deepspeed_compat
 from hybridpar.zero.grad_sync import bucket_params
-from hybridpar.zero.partitions import flat_positions
-
-# Flat-buffer lists (DeepSpeed's ``bit16_groups_flat``) whose gather is being deferred right now.
-_DEFERRING: set[int] = set()
-
-
-def _install_deferral() -> None:
-    """DeepSpeed's ZeRO-1/2 step calls ``all_gather_dp_groups`` from its module namespace: let a
-    deferring optimizer's call through as a no-op (every other call, e.g. after a checkpoint
-    load, gathers as before)."""
-    from deepspeed.runtime.zero import stage_1_and_2
-
-    original = stage_1_and_2.all_gather_dp_groups
-    if getattr(original, "hybridpar_deferral", False):
-        return
-
-    def all_gather_dp_groups(groups_flat, *args, **kwargs):
-        if id(groups_flat) in _DEFERRING:
-            return None
-        return original(groups_flat, *args, **kwargs)
-
-    all_gather_dp_groups.hybridpar_deferral = True
-    stage_1_and_2.all_gather_dp_groups = all_gather_dp_groups
 
 
 class DeferredParamGather:
     def __init__(self, opt, chunks: list, params: list, group, bucket_numel: int):
-        _install_deferral()
+        deepspeed_compat.allow_skipping_weight_gather()
         self.opt, self.group = opt, group
         self.ranks = dist.get_process_group_ranks(group)
-        where = flat_positions(opt)
+        where = deepspeed_compat.flat_positions(opt)
         self.buckets = bucket_params(list(params), bucket_numel)  # registration order: forward order
         self._sends = [self._bucket_sends(bucket, where) for bucket in self.buckets]
         self._bucket_of = {p: b for b, bucket in enumerate(self.buckets) for p in bucket}
@@ -73,14 +51,14 @@ class DeferredParamGather:
             i, k, offset = where[p]
             first, last, start, stop = spans.get(i, (k, k, offset, offset + p.numel()))
             spans[i] = (min(first, k), max(last, k), min(start, offset), max(stop, offset + p.numel()))
-        sends = []
+        sends, sizes, lengths = [], deepspeed_compat.partition_sizes(self.opt), deepspeed_compat.group_lengths(self.opt)
         for i, (first, last, start, stop) in sorted(spans.items()):
             members = sum(1 for p in bucket if where[p][0] == i)
             if last - first + 1 != members:  # DeepSpeed's group order is not the parameters' order
                 raise RuntimeError("a bucket's parameters are not contiguous in DeepSpeed's flat buffer")
-            size = int(self.opt.partition_size[i])
-            if members == len(self.opt.round_robin_bit16_groups[i]):
-                sends.append((i, 0, self.opt.bit16_groups_flat[i].numel(), None))
+            size = sizes[i]
+            if members == lengths[i]:
+                sends.append((i, 0, deepspeed_compat.flat_weights(self.opt)[i].numel(), None))
                 continue
             owner = start // size
             while owner * size < stop:
@@ -95,24 +73,21 @@ class DeferredParamGather:
     @contextmanager
     def deferring(self):
         """Around DeepSpeed's step: its weight all-gather is left to ``issue()``."""
-        key = id(self.opt.bit16_groups_flat)
-        _DEFERRING.add(key)
-        try:
+        with deepspeed_compat.weight_gather_skipped(self.opt):
             yield
-        finally:
-            _DEFERRING.discard(key)
 
     def issue(self) -> None:
         """After DeepSpeed's step: every owner's updated range, broadcast in place, in forward order."""
-        flats, me = self.opt.bit16_groups_flat, dist.get_rank(self.group)
+        flats, me = deepspeed_compat.flat_weights(self.opt), dist.get_rank(self.group)
+        sizes = deepspeed_compat.partition_sizes(self.opt)
         for b, sends in enumerate(self._sends):
             works = []
             whole = [i for i, _, _, owner in sends if owner is None]
             if len(whole) > 1:  # several whole groups: one all-gather for all of them
-                works.append(_PackedGather([flats[i] for i in whole], [int(self.opt.partition_size[i]) for i in whole],
+                works.append(_PackedGather([flats[i] for i in whole], [sizes[i] for i in whole],
                                            me, len(self.ranks), self.group))
             elif whole:  # in place: this rank's partition is a view of the output
-                size = int(self.opt.partition_size[whole[0]])
+                size = sizes[whole[0]]
                 mine = flats[whole[0]][me * size:(me + 1) * size]
                 works.append(dist.all_gather_into_tensor(flats[whole[0]], mine, group=self.group, async_op=True))
             for i, start, stop, owner in sends:

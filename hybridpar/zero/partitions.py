@@ -7,8 +7,8 @@ rank r of the DP group steps partition r. ``partition_pieces`` maps every parame
 its elements each rank owns (``Piece``). ``grad_sync`` reduces each run to its owner only (a
 ``dist.reduce`` per owner and bucket: the bytes of a reduce-scatter, half those of an all-reduce),
 and ``PartitionHandOff`` writes what this rank received into one flat fp32 partition per group
-and hands it to DeepSpeed's step (``averaged_gradients[i]``, whose ``flat_partition`` DeepSpeed's
-step takes as is), so DeepSpeed's own gradient bucketing and copies are skipped. DeepSpeed's norm,
+and hands it to DeepSpeed's step (``compat.deepspeed.install_averaged_partition``), so
+DeepSpeed's own gradient bucketing and copies are skipped. DeepSpeed's norm,
 clipping, AdamW step and weight all-gather are unchanged.
 """
 from __future__ import annotations
@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+
+from hybridpar.compat import deepspeed as deepspeed_compat
 
 
 @dataclass(frozen=True, eq=False)
@@ -29,19 +31,11 @@ class Piece:
     offset: int  # first element in the owner's flat partition of that group
 
 
-def flat_positions(opt) -> dict:
-    """{parameter: (group, index in the group, first element in the group's flat buffer)} for a
-    DeepSpeed ZeRO-1/2 optimizer (``DeepSpeedZeroOptimizer``)."""
-    return {p: (i, k, offset)
-            for i, (params, offsets) in enumerate(zip(opt.round_robin_bit16_groups, opt.round_robin_bit16_offsets))
-            for k, (p, offset) in enumerate(zip(params, offsets))}
-
-
 def partition_pieces(opt) -> dict:
     """{parameter: [Piece, ...]} for a DeepSpeed ZeRO-1/2 optimizer."""
-    pieces = {}
-    for p, (i, _, first) in flat_positions(opt).items():
-        size = int(opt.partition_size[i])
+    pieces, sizes = {}, deepspeed_compat.partition_sizes(opt)
+    for p, (i, _, first) in deepspeed_compat.flat_positions(opt).items():
+        size = sizes[i]
         runs, at, end = [], first, first + p.numel()
         while at < end:
             owner = at // size
@@ -52,24 +46,17 @@ def partition_pieces(opt) -> dict:
     return pieces
 
 
-class PartitionGradients(list):
-    """DeepSpeed's ``averaged_gradients[i]``: this rank's slice of each parameter in its partition
-    (``params_in_partition`` order, read by the norm), and ``flat_partition``, the whole partition
-    (read by the step)."""
-    flat_partition: torch.Tensor
-
-
 class PartitionHandOff:
     """Builds this rank's flat averaged-gradient partitions and installs them in DeepSpeed."""
 
     def __init__(self, opt, group):
         self.opt = opt
         ranks = dist.get_process_group_ranks(group)
-        for dp_group in opt.real_dp_process_group:
+        for dp_group in deepspeed_compat.dp_groups(opt):
             if dist.get_process_group_ranks(dp_group) != ranks:
                 raise RuntimeError("DeepSpeed's DP group differs from the gradient-reduction group")
         self.rank = dist.get_rank(group)
-        self.partition_sizes = [int(size) for size in opt.partition_size]
+        self.partition_sizes = deepspeed_compat.partition_sizes(opt)
         self.pieces = partition_pieces(opt)
         self._mine = {p: [pc for pc in runs if pc.owner == self.rank] for p, runs in self.pieces.items()}
 
@@ -78,7 +65,8 @@ class PartitionHandOff:
         whose averaged gradient is whole in ``p.grad`` (reduced in full) — their owned runs are cut
         from it."""
         opt = self.opt
-        flats = [torch.zeros(int(size), dtype=torch.float32, device=opt.device) for size in opt.partition_size]
+        device = deepspeed_compat.device(opt)
+        flats = [torch.zeros(size, dtype=torch.float32, device=device) for size in deepspeed_compat.partition_sizes(opt)]
         for piece, data in received:
             flats[piece.group][piece.offset:piece.offset + piece.length].copy_(data)
         for p in full_params:
@@ -87,11 +75,7 @@ class PartitionHandOff:
             g = p.grad.reshape(-1)
             for pc in self._mine[p]:
                 flats[pc.group][pc.offset:pc.offset + pc.length].copy_(g[pc.start:pc.start + pc.length])
-        for i, params in enumerate(opt.params_in_partition):
-            grads = PartitionGradients()
-            for p in params:
-                for pc in self._mine[p]:
-                    if pc.group == i:
-                        grads.append(flats[i][pc.offset:pc.offset + pc.length])
-            grads.flat_partition = flats[i]
-            opt.averaged_gradients[i] = grads
+        for i, params in enumerate(deepspeed_compat.params_in_partition(opt)):
+            slices = [flats[i][pc.offset:pc.offset + pc.length]
+                      for p in params for pc in self._mine[p] if pc.group == i]
+            deepspeed_compat.install_averaged_partition(opt, i, slices, flats[i])

@@ -1,0 +1,130 @@
+"""Every use of torch's internals (torch.distributed, its elastic agent, a device helper).
+
+Each is a function here, and ``RELIES_ON`` lists what they touch; tests/test_compat.py checks
+the installed torch for each. Nothing here imports torch before it is called: the node agent
+loads torch under its own log settings first (hybridpar.launch.node_agent).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from hybridpar.compat.declared import MEMBER, READ, Internal, Reliance
+
+_AGENT = "torch.distributed.elastic.agent.server.local_elastic_agent:LocalElasticAgent"
+_RENDEZVOUS = "torch.distributed.elastic.rendezvous.dynamic_rendezvous:DynamicRendezvousHandler"
+_NODE_AGENT = "hybridpar.launch.node_agent names a lost head node in one line"
+
+RELIES_ON = Reliance("torch", ("2.13.0", "2.14"), (
+    Internal(_AGENT, "_monitor_workers", _NODE_AGENT, MEMBER, ("worker_group",)),
+    Internal("torch.distributed.elastic.agent.server.api:SimpleElasticAgent", "_monitor_workers",
+             _NODE_AGENT + " (the agent's run loop calls it)", READ),
+    Internal(_AGENT, "run", _NODE_AGENT, MEMBER, ("role",)),
+    Internal(_RENDEZVOUS, "shutdown", _NODE_AGENT),
+    Internal(_RENDEZVOUS, "_stop_heartbeats", _NODE_AGENT),
+    Internal("torch.distributed.elastic.rendezvous.utils", "parse_rendezvous_endpoint", _NODE_AGENT, MEMBER,
+             ("endpoint", "default_port")),
+    Internal("torch.distributed.run", "parse_args", _NODE_AGENT + " (it is torchrun)"),
+    Internal("torch.distributed.run", "run", _NODE_AGENT + " (it is torchrun)", MEMBER, ("args",)),
+    Internal("torch.distributed:ProcessGroup", "_get_backend",
+             "hybridpar.runtime.mesh gives megatron's groups the world's timeout"),
+    Internal("torch._C._distributed_c10d:Backend.Options", "_timeout",
+             "hybridpar.runtime.mesh gives megatron's groups the world's timeout"),
+    Internal("torch.testing._internal.distributed.fake_pg", "FakeStore",
+             "hybridpar.observe.memory_audit joins a fake world (importing it registers the fake backend)"),
+    Internal("torch.distributed.distributed_c10d:P2POp", "isend",
+             "hybridpar.observe.comm_trace records point-to-point calls (P2POp checks its op against c10d's own)",
+             READ),
+    Internal("torch.utils._device", "_device_constructors",
+             "hybridpar.compat.cpu sends tensors created without a device to meta in strict device mode"),
+))
+
+
+# --- devices and process groups --------------------------------------------------------------
+def device_constructors() -> frozenset:
+    """The torch functions that create a tensor on the default device."""
+    from torch.utils._device import _device_constructors
+
+    return frozenset(_device_constructors())
+
+
+def world_timeout_minutes() -> float | None:
+    """The world group's timeout (``hybridpar train --timeout-s``); None where torch does not say."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        return dist.group.WORLD._get_backend(device).options._timeout.total_seconds() / 60
+    except Exception:  # noqa: BLE001 - a private API: without it the groups keep megatron's default
+        return None
+
+
+def fake_store():
+    """A store for torch's fake backend (a process group whose collectives move no data), which
+    only torch's private test utilities register."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    return FakeStore()
+
+
+def replace_distributed_function(name: str, fn) -> None:
+    """``torch.distributed.<name> = fn``, in ``distributed_c10d`` too, whose ``P2POp`` checks its op
+    against its own ``isend``/``irecv``."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    setattr(dist, name, fn)
+    setattr(c10d, name, fn)
+
+
+# --- the elastic agent ------------------------------------------------------------------------
+def rendezvous_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    return parse_rendezvous_endpoint(endpoint, default_port=default_port)
+
+
+def watch_elastic_agent(after_check: Callable[[bool], BaseException | None],
+                        on_store_failure: Callable[[BaseException], BaseException | None],
+                        can_close_rendezvous: Callable[[], bool]) -> None:
+    """Hook torch's local elastic agent (torchrun's), for every agent of this process:
+    - ``after_check(failed)`` after each check of the local ranks, with whether they failed (or
+      are unhealthy); an exception it returns ends the agent, whose ``run()`` stops the ranks;
+    - ``on_store_failure(err)`` when ``run()`` failed on the rendezvous store (after stopping the
+      ranks); an exception it returns is raised in ``err``'s place;
+    - ``can_close_rendezvous()`` before the rendezvous shuts down; False: only its heartbeats
+      stop (closing it needs the store)."""
+    import torch.distributed as dist
+    from torch.distributed.elastic.agent.server.api import WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.rendezvous import RendezvousConnectionError
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
+
+    monitor, run = LocalElasticAgent._monitor_workers, LocalElasticAgent.run
+    shutdown = DynamicRendezvousHandler.shutdown
+
+    def _monitor_workers(self, worker_group):
+        result = monitor(self, worker_group)
+        replacement = after_check(result.state in (WorkerState.FAILED, WorkerState.UNHEALTHY))
+        if replacement is not None:
+            raise replacement
+        return result
+
+    def _run(self, *args, **kwargs):  # its finally stops the ranks before this sees the error
+        try:
+            return run(self, *args, **kwargs)
+        except (RendezvousConnectionError, dist.DistNetworkError, dist.DistStoreError) as err:
+            replacement = on_store_failure(err)
+            if replacement is None:
+                raise
+            raise replacement from err
+
+    def _shutdown(self):
+        if can_close_rendezvous():
+            return shutdown(self)
+        self._stop_heartbeats()
+        return False
+
+    LocalElasticAgent._monitor_workers = _monitor_workers
+    LocalElasticAgent.run = _run
+    DynamicRendezvousHandler.shutdown = _shutdown
