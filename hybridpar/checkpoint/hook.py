@@ -62,6 +62,16 @@ class Checkpointer:
         if self.config.save_dir and self.saved_step != metrics.step:
             self.save(job, metrics.step)
 
+    def on_world_change(self, job) -> None:
+        """A DP replica was lost or taken back in (reliability/replica_loss.py): a save still in
+        flight had writers in the old world and can never be committed; its temporary directory
+        is removed by the next save."""
+        if self.pending is not None:
+            if self.pending.thread is not None:
+                self.pending.thread.join()
+            self.pending = None
+            self.saved_step = None
+
     def save(self, job, step: int, background: bool = False) -> str | None:
         """Save after ``step``; returns the checkpoint directory, or None while it is written in
         the background."""

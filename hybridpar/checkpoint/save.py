@@ -52,15 +52,21 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
     return host
 
 
-def rank_payload(job, step: int, save_id: str) -> tuple[dict, list, dict]:
-    """This rank's file contents, its fragment index, and its parameters' metadata."""
-    mesh, view = job.mesh, OptimizerView(job.engine, job.mesh.rank_in("dp_cp"))
+def rank_payload(job, step: int, save_id: str, as_dp_rank: int | None = None,
+                 every_tp_rank: bool = False) -> tuple[dict, list, dict]:
+    """This rank's file contents, its fragment index, and its parameters' metadata. ``as_dp_rank``:
+    the fragments this rank would save as that DP (x CP) rank (0: a replicated optimizer's whole
+    state, which a checkpoint takes from DP rank 0 alone). ``every_tp_rank``: parameters that are
+    the same on every TP rank come from this one too, not only from TP rank 0 (an in-memory copy
+    read back by the ranks of one TP position)."""
+    mesh = job.mesh
+    view = OptimizerView(job.engine, mesh.rank_in("dp_cp") if as_dp_rank is None else as_dp_rank)
     tp = mesh.size("tp")
     fragments, index, metas = {}, [], {}
     for cname, p in canonical_params(job.chunks):
         metas[cname] = param_meta(cname, p, tp)
         replicated = not getattr(p, "tensor_model_parallel", False)
-        if replicated and mesh.tp_rank != 0:  # identical on every TP rank: TP rank 0 saves it
+        if replicated and mesh.tp_rank != 0 and not every_tp_rank:  # identical on every TP rank: TP rank 0 saves it
             continue
         frag = view.fragment(p)
         if frag is None:

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from hybridpar.errors import UsageError
 
-FLAGS = ("timeout_s", "check_replicas", "on_drift")
+FLAGS = ("timeout_s", "check_replicas", "on_drift", "tolerate_replica_loss", "rejoin_after_s")
 
 
 def add_arguments(p) -> None:
@@ -20,6 +20,10 @@ def add_arguments(p) -> None:
     p.add_argument("--check-replicas", type=int, metavar="N",
                    help="every N steps, check that all DP replicas hold bit-identical parameters (0: never)")
     p.add_argument("--on-drift", choices=("stop", "warn"), help="when replicas differ: stop (exit 3, default) or warn and go on")
+    p.add_argument("--tolerate-replica-loss", action="store_true", default=None,
+                   help="when a rank dies, drop its DP replica and go on with the others (docs/training.md)")
+    p.add_argument("--rejoin-after-s", type=float, metavar="SECONDS",
+                   help="with --tolerate-replica-loss: start a lost replica again after SECONDS; it joins at a step boundary")
 
 
 def apply(recipe, args):

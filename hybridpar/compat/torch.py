@@ -34,6 +34,8 @@ RELIES_ON = Reliance("torch", ("2.13.0", "2.14"), (
     Internal("torch.distributed.distributed_c10d:P2POp", "isend",
              "hybridpar.observe.comm_trace records point-to-point calls (P2POp checks its op against c10d's own)",
              READ),
+    Internal("torch.distributed.distributed_c10d", "_abort_process_group",
+             "hybridpar.reliability.replica_loss leaves a world with a dead member (NCCL's abort)"),
     Internal("torch.utils._device", "_device_constructors",
              "hybridpar.compat.cpu sends tensors created without a device to meta in strict device mode"),
 ))
@@ -128,3 +130,54 @@ def watch_elastic_agent(after_check: Callable[[bool], BaseException | None],
     LocalElasticAgent._monitor_workers = _monitor_workers
     LocalElasticAgent.run = _run
     DynamicRendezvousHandler.shutdown = _shutdown
+
+
+# --- leaving a world with a dead member ------------------------------------------------------
+def connected_tcp_sockets() -> set[int]:
+    """The file descriptors of this process's connected TCP sockets (listening ones left out)."""
+    import os
+    import socket
+
+    found = set()
+    for name in os.listdir("/proc/self/fd"):
+        fd = int(name)
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            with socket.socket(fileno=os.dup(fd)) as s:
+                if s.family in (socket.AF_INET, socket.AF_INET6) and s.type == socket.SOCK_STREAM \
+                        and not s.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN):
+                    s.getpeername()
+                    found.add(fd)
+        except OSError:  # closed meanwhile, not a socket, or not connected
+            continue
+    return found
+
+
+def abort_world(world_sockets: set[int]) -> None:
+    """End every collective of this process's process groups in an error, from any thread.
+
+    NCCL's communicators abort (``_abort_process_group``). ProcessGroupGloo's ``abort`` does not
+    end an operation already waiting on a peer, and its TCP pairs stay open until the group is
+    freed, so a rank waiting on a live peer that itself waits on a dead one would wait out the
+    group's timeout. Shutting down the connections the world opened (``world_sockets``, measured
+    against the sockets that existed before it) ends those waits here and, by the closed
+    connection, on every peer. The listening sockets stay: gloo's listener thread treats their
+    loss as fatal."""
+    import os
+    import socket
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    for fd in world_sockets & connected_tcp_sockets():
+        try:
+            with socket.socket(fileno=os.dup(fd)) as s:
+                s.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            continue
+    if dist.is_initialized():
+        try:
+            c10d._abort_process_group()
+        except Exception:  # noqa: BLE001 - a group torch already dropped: nothing left to abort
+            pass

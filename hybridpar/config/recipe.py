@@ -114,6 +114,10 @@ class ReliabilitySection:
     timeout_s: int = 600  # process-group timeout: a stuck collective fails after this long
     check_replicas: int = 0  # every N steps, check DP replicas are bit-identical (0: never)
     on_drift: str = "stop"  # stop (exit 3) | warn
+    # A lost DP replica is dropped and the survivors go on (hybridpar.reliability.replica_loss);
+    # local runs only (hybridpar train --nproc).
+    tolerate_replica_loss: bool = False
+    rejoin_after_s: Optional[float] = None  # start a lost replica again this many seconds later
 
 
 @dataclass(frozen=True)
@@ -225,6 +229,7 @@ class Recipe:
         rel = self.reliability
         if rel.timeout_s < 1 or rel.check_replicas < 0 or rel.on_drift not in ("stop", "warn"):
             out.append(f"reliability: timeout_s must be >= 1, check_replicas >= 0, on_drift stop or warn; got {rel}")
+        out.extend(self._tolerance_problems())
         g = self.generate
         if g.tokens < 0 or g.temperature < 0 or g.top_k < 0:
             out.append(f"generate: tokens, temperature and top_k must be >= 0; got {g}")
@@ -242,6 +247,23 @@ class Recipe:
             return [f"train.warmup_steps {t.warmup_steps} is longer than the run's {t.steps} steps: it ends during "
                     f"warm-up at {t.steps / t.warmup_steps:.1%} of lr {t.lr:g} and never decays (fine for a short "
                     f"trial; set warmup_steps below steps for a real run)"]
+        return []
+
+    def _tolerance_problems(self) -> list[str]:
+        """A run that tolerates the loss of a replica must be able to go on with one fewer and the
+        same global batch (more micro-batches per survivor)."""
+        rel, p, t = self.reliability, self.parallel, self.train
+        if rel.rejoin_after_s is not None and not (rel.tolerate_replica_loss and rel.rejoin_after_s > 0):
+            return [f"reliability.rejoin_after_s {rel.rejoin_after_s}: a positive number of seconds, with tolerate_replica_loss"]
+        if not rel.tolerate_replica_loss or p.dp is None:
+            return []
+        if p.dp < 2:
+            return [f"--tolerate-replica-loss needs at least 2 DP replicas, this layout has {p.dp}: give a smaller "
+                    f"--tp/--pp/--cp or more ranks"]
+        if t.global_batch % (p.micro_batch * (p.dp - 1)):
+            step = p.micro_batch * p.dp * (p.dp - 1)
+            return [f"--tolerate-replica-loss: global batch {t.global_batch} cannot be split over {p.dp - 1} replicas of "
+                    f"micro-batch {p.micro_batch} after a loss; use a multiple of {step} (e.g. {step * max(1, t.global_batch // step)})"]
         return []
 
     def to_plan_unresolved(self) -> Plan:

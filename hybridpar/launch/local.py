@@ -59,14 +59,20 @@ def init_distributed(timeout_s: int = 600) -> None:
         for key, value in GPU_ENV.items():
             os.environ.setdefault(key, value)
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    from hybridpar.reliability.replica_loss import tolerant, world
+
+    if tolerant():  # ranks of launch/tolerant.py: the world is the launcher's current generation
+        world(timeout_s).join(backend)
+        return
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
 
 
-def shutdown() -> None:
+def shutdown(barrier: bool = True) -> None:
     import torch.distributed as dist
 
     if dist.is_initialized():
-        dist.barrier()
+        if barrier:
+            dist.barrier()
         dist.destroy_process_group()
 
 

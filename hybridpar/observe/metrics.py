@@ -177,6 +177,16 @@ class StepMonitor:
         self.write(describe(self.yardstick))
         return first_step
 
+    def on_world_change(self, job) -> None:
+        """A DP replica was lost or taken in (or this rank joined): the layout's yardstick, and
+        rank 0 may be another process now."""
+        import torch.distributed as dist
+
+        self.yardstick = yardstick(job.plan)
+        was_rank0, self.rank0 = self.rank0, dist.get_rank() == 0
+        if self.rank0 and not was_rank0 and self.tensorboard and self.out_dir:
+            self.writer = tensorboard_writer(os.path.join(self.out_dir, "tensorboard"))
+
     def step_record(self, job, m) -> tuple[dict, str]:
         """Extra metrics.jsonl keys for step ``m`` and the text they add to its line."""
         record = self.yardstick.step_record(m.step_time_s)

@@ -7,6 +7,12 @@ The variable holds faults separated by ``;``, each ``KIND:key=value:key=value``:
 - ``kill-in-step:rank=R:step=K[:micro=M][:signal=SIGSTOP]``: global rank R sends itself SIGKILL
   (or the named signal: SIGSTOP makes a hung rank) during step K, right after the forward pass
   of its M-th micro-batch (default 1) on its first model chunk;
+- ``kill-after-step:rank=R:step=K``: rank R sends itself SIGKILL once step K is over (its
+  metrics logged, the hooks before this one run: with ``--tolerate-replica-loss`` the in-memory
+  state of step K is kept), before step K+1 begins;
+- ``hold-for-rejoin:rank=R:step=K``: with ``--tolerate-replica-loss``, rank R waits after step K
+  until a restarted replica is ready to join (at most 10 minutes), so that it joins after step K
+  whatever its start-up takes (the other ranks wait for R in the step boundary's all-reduce);
 - ``kill-in-save:rank=R:step=K``: rank R sends itself SIGKILL while the checkpoint of step K is
   being written, right after its own shard file is written and fsync'd (other ranks may still
   be writing theirs: the save is never committed);
@@ -15,6 +21,9 @@ The variable holds faults separated by ``;``, each ``KIND:key=value:key=value``:
 - ``flip:rank=R:step=K[:tensor=NAME][:byte=B][:bit=b]``: after step K, rank R flips one bit of
   one parameter in place (default: the first parameter, byte 0, bit 0), as silent data
   corruption would. Put the hook before the replica check so that step K's check sees it.
+
+Under ``--tolerate-replica-loss`` rank R means the process that started as rank R (its member id):
+the ranks of a smaller world are numbered anew, the processes are not.
 
 Every fault prints one line to stderr on the rank it fires on, so a run's log says what was done.
 """
@@ -29,7 +38,7 @@ from dataclasses import dataclass, field
 from hybridpar.errors import UsageError
 
 ENV = "HYBRIDPAR_FAULT"
-KINDS = ("kill-in-step", "kill-in-save", "fail-in-save", "flip")
+KINDS = ("kill-in-step", "kill-after-step", "hold-for-rejoin", "kill-in-save", "fail-in-save", "flip")
 
 
 @dataclass(frozen=True)
@@ -68,9 +77,13 @@ def _announce(what: str) -> None:
 
 
 def _rank() -> int:
+    """The rank the fault names: the global rank, or the member id of a rank that tolerates
+    replica loss (the rank it started as)."""
     import torch.distributed as dist
 
-    return dist.get_rank()
+    from hybridpar.launch.tolerant import MEMBER_ENV
+
+    return int(os.environ[MEMBER_ENV]) if MEMBER_ENV in os.environ else dist.get_rank()
 
 
 def _die(what: str, sig: str = "SIGKILL") -> None:
@@ -89,6 +102,9 @@ class KillInStep:
             job.chunks[0].register_forward_hook(self._after_forward)
         return first_step
 
+    def on_world_change(self, job):  # the job was rebuilt: its model too
+        self.on_start(job, 0)
+
     def on_step_begin(self, job, step):
         self.step, self.forwards = step, 0
 
@@ -97,6 +113,34 @@ class KillInStep:
         micro = self.fault.int_option("micro", 1)
         if self.step == self.fault.step and self.forwards == micro:
             _die(f"step {self.step}, after the forward of micro-batch {micro}", self.fault.options.get("signal", "SIGKILL"))
+
+
+class KillAfterStep:
+    """Dies once step K is over, before step K+1 begins."""
+
+    def __init__(self, fault: Fault):
+        self.fault = fault
+
+    def on_step(self, job, metrics):
+        if metrics.step == self.fault.step and _rank() == self.fault.rank:
+            _die(f"after step {metrics.step}")
+
+
+class HoldForRejoin:
+    """Waits after step K until the launcher says a restarted replica is ready to join."""
+
+    def __init__(self, fault: Fault):
+        self.fault = fault
+
+    def on_step(self, job, metrics):
+        if metrics.step != self.fault.step or _rank() != self.fault.rank:
+            return
+        from hybridpar.reliability.replica_loss import world
+
+        _announce(f"after step {metrics.step}: holding until a restarted replica is ready to join")
+        deadline = time.monotonic() + 600
+        while not world().someone_waits() and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 class KillInSave:
@@ -167,7 +211,7 @@ class FlipBit:
         _announce(f"flipped bit {bit} of byte {byte} of {name} after step {metrics.step}")
 
 
-_HOOKS = {"kill-in-step": KillInStep, "kill-in-save": KillInSave, "fail-in-save": FailInSave, "flip": FlipBit}
+_HOOKS = {"kill-in-step": KillInStep, "kill-after-step": KillAfterStep, "hold-for-rejoin": HoldForRejoin, "kill-in-save": KillInSave, "fail-in-save": FailInSave, "flip": FlipBit}
 
 
 def hooks_from_env(environ=os.environ) -> list:

@@ -152,6 +152,13 @@ class Job:
             merged.update(part)
         return merged
 
+    def abandon(self) -> None:
+        """Drop this job without a collective: its world lost a member (reliability/replica_loss.py)."""
+        self.engine = None
+        self._chunks = None
+        self.batches.close()
+        self.mesh.destroy()
+
     def close(self) -> None:
         if self.engine is not None:
             self.engine.sync_weights()  # no gather left in flight when the groups go

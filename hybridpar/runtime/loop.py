@@ -5,13 +5,14 @@ checkpoint or Hugging Face weights), loops over the steps, prints one line per s
 and appends metrics.jsonl, and stops early when the ranks agree to (reliability/stopping.py).
 ``run_hooks(run)`` is the standard set of hooks for a RunPlan. A hook may define
 ``on_start(job, first_step)`` (returns the step to start from), ``on_step_begin(job, step)``,
-``step_record(job, metrics)`` (extra metrics.jsonl keys and step-line text), ``on_step(job,
+``after_step(job, metrics)`` (before the step is logged), ``step_record(job, metrics)`` (extra metrics.jsonl keys and step-line text), ``on_step(job,
 metrics)``, ``on_stop(job, metrics)`` and ``save_written()`` (its background save's vote).
 """
 from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import asdict, dataclass
 
 import torch.distributed as dist
@@ -54,56 +55,125 @@ class TrainOutcome:
 def train(run, hooks=(), print_fn=print, stop=None) -> TrainOutcome:
     """Train ``run`` (config.run.RunPlan) on the already-initialised process group. ``stop``
     (stopping.StopConditions) may end it after any step; the hooks' ``on_stop`` (the
-    checkpointer: save that step) run first."""
+    checkpointer: save that step) run first. With ``run.reliability.tolerate_replica_loss`` a
+    lost DP replica is dropped and the survivors go on (reliability/replica_loss.py)."""
     from hybridpar.data import make_token_source
 
     plan, d = run.plan, run.data
     source = make_token_source(d.source, seq_len=plan.seq_len, global_batch_size=plan.global_batch,
                                model_vocab=plan.model.vocab, seed=run.seed, path=d.path, tokenizer=d.tokenizer,
                                data_dir=d.data_dir, cache_dir=d.cache_dir)
-    job = Job(plan, run.optim, source, seed=run.seed, overlap_grad_reduce=run.overlap_grad_reduce,
-              overlap_param_gather=run.overlap_param_gather)
-    rank0 = dist.get_rank() == 0
-    first = 1
-    for hook in hooks:
-        first = max(first, int(getattr(hook, "on_start", lambda j, s: s)(job, first) or first))
-    metrics_path = None
-    if run.out and rank0:
-        os.makedirs(run.out, exist_ok=True)
-        write_atomic(os.path.join(run.out, "plan.json"), run.to_json() + "\n")
-        metrics_path = os.path.join(run.out, "metrics.jsonl")
-        keep_steps_before(metrics_path, first)  # a resumed run writes the later steps again
+
+    def build(layout) -> Job:
+        return Job(layout, run.optim, source, seed=run.seed, overlap_grad_reduce=run.overlap_grad_reduce,
+                   overlap_param_gather=run.overlap_param_gather)
+
+    tolerance = _tolerance(run)
+    hooks = ([tolerance.snapshots] if tolerance else []) + list(hooks)
+    if tolerance is not None and tolerance.joining():
+        job, first = tolerance.join(build, run.plan)
+        _world_changed(hooks, job)
+    else:
+        job, first = build(plan), 1
+        for hook in hooks:
+            first = max(first, int(getattr(hook, "on_start", lambda j, s: s)(job, first) or first))
+        if tolerance is not None:
+            tolerance.snapshots.take(job, first - 1)  # the starting state: a loss in the first step goes back here
+    metrics_path = _open_metrics(run, first)
     outcome = TrainOutcome([])
-    for step in range(first, run.steps + 1):
-        for hook in hooks:
-            if hasattr(hook, "on_step_begin"):
-                hook.on_step_begin(job, step)
-        m = job.train_step(step, stop, lambda: _all_written(hooks))
-        outcome.history.append(m)
-        record, line = asdict(m), format_step(m, run.steps)
-        record.pop("stop"), record.pop("saves_written")
-        for hook in hooks:
-            if hasattr(hook, "step_record"):  # extra metrics.jsonl keys and step-line text (metrics.StepMonitor)
-                extra, text = hook.step_record(job, m)
-                record.update(extra)
-                line += text
-        if rank0:
-            print_fn(line)
-            if metrics_path:
-                _append_line(metrics_path, record)
-        for hook in hooks:
-            if hasattr(hook, "on_step"):
-                hook.on_step(job, m)
-        if stop is not None:
-            stop.observe(step_s=m.step_time_s)
-        if m.stop and step < run.steps:
-            outcome.stopped = StopReason(m.stop, step)
-            for hook in hooks:
-                if hasattr(hook, "on_stop"):
-                    hook.on_stop(job, m)
-            break
+    step = first
+    last_end = time.monotonic()
+    while step <= run.steps:
+        try:
+            m = _one_step(job, step, run, hooks, stop, print_fn, metrics_path)
+            last_end = time.monotonic()
+            outcome.history.append(m)
+            if m.stop and step < run.steps:
+                outcome.stopped = StopReason(m.stop, step)
+                for hook in hooks:
+                    if hasattr(hook, "on_stop"):
+                        hook.on_stop(job, m)
+                break
+            if tolerance is not None and step < run.steps and tolerance.someone_waits(job):
+                job, line = tolerance.take_in(job, build, run.plan, step)
+                _world_changed(hooks, job)
+                metrics_path = _open_metrics(run, step + 1)
+                if dist.get_rank() == 0:
+                    print_fn(f"hybridpar train: {line}")
+            step += 1
+        except Exception as err:
+            if tolerance is None or not (_lost_peer(err) or tolerance.world.left):
+                raise
+            job, step, line = tolerance.recover(job, build, run.plan, step)
+            _world_changed(hooks, job)
+            metrics_path = _open_metrics(run, step)
+            outcome.history = [h for h in outcome.history if h.step < step]
+            if dist.get_rank() == 0:
+                print_fn(f"hybridpar train: {line}; step {step} begins {time.monotonic() - last_end:.1f} s after "
+                         f"the last step ended")
     job.close()
     return outcome
+
+
+def _world_changed(hooks, job) -> None:
+    for hook in hooks:
+        if hasattr(hook, "on_world_change"):
+            hook.on_world_change(job)
+
+
+def _one_step(job, step: int, run, hooks, stop, print_fn, metrics_path):
+    for hook in hooks:
+        if hasattr(hook, "on_step_begin"):
+            hook.on_step_begin(job, step)
+    m = job.train_step(step, stop, lambda: _all_written(hooks))
+    for hook in hooks:
+        if hasattr(hook, "after_step"):  # before the step is logged (replica_loss.Snapshots keeps its state)
+            hook.after_step(job, m)
+    record, line = asdict(m), format_step(m, run.steps)
+    record.pop("stop"), record.pop("saves_written")
+    for hook in hooks:
+        if hasattr(hook, "step_record"):  # extra metrics.jsonl keys and step-line text (metrics.StepMonitor)
+            extra, text = hook.step_record(job, m)
+            record.update(extra)
+            line += text
+    if dist.get_rank() == 0:
+        print_fn(line)
+        if metrics_path:
+            _append_line(metrics_path, record)
+    for hook in hooks:
+        if hasattr(hook, "on_step"):
+            hook.on_step(job, m)
+    if stop is not None:
+        stop.observe(step_s=m.step_time_s)
+    return m
+
+
+def _open_metrics(run, first: int) -> str | None:
+    """Rank 0 (of the current world): plan.json, and metrics.jsonl without the steps from ``first``
+    on (a resumed or recovered run writes them again)."""
+    if not run.out or dist.get_rank() != 0:
+        return None
+    os.makedirs(run.out, exist_ok=True)
+    write_atomic(os.path.join(run.out, "plan.json"), run.to_json() + "\n")
+    path = os.path.join(run.out, "metrics.jsonl")
+    keep_steps_before(path, first)
+    return path
+
+
+def _tolerance(run):
+    from hybridpar.reliability.replica_loss import Tolerance, tolerant
+
+    if not tolerant():
+        return None
+    import torch
+
+    return Tolerance(run.plan, "nccl" if torch.cuda.is_available() else "gloo", run.reliability.rejoin_after_s is not None)
+
+
+def _lost_peer(err: BaseException) -> bool:
+    from hybridpar.launch.local import is_lost_peer
+
+    return is_lost_peer(err)
 
 
 def run_hooks(run, print_fn=print, stop=None, monitor=None) -> list:

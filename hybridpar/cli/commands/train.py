@@ -85,6 +85,11 @@ def prepare(args):
         raise UsageError(f"--exit-after must be a positive number of minutes, got {args.exit_after}")
     if args.overwrite and args.resume:
         raise UsageError("--overwrite deletes the run that --resume would continue: give one of them")
+    from hybridpar.launch.local import under_launcher
+
+    if getattr(args, "tolerate_replica_loss", None) and (under_launcher() or not args.nproc or args.nproc < 2):
+        raise UsageError("--tolerate-replica-loss runs its own launcher: use it with --nproc N on one machine, "
+                         "not under torchrun or SLURM")
     recipe = with_overrides(recipe, **flags)
     recipe = watch_flags.apply(reliability_flags.apply(recipe, args), args)
     recipe = recipe.validate(_world(args))
@@ -136,7 +141,11 @@ def run(args) -> int:
     from hybridpar.reliability.run_dir import RunDirs, claim
 
     if args.run_plan:  # a rank started by `hybridpar train --nproc`: the launcher resolved and claimed the run
-        return _run_rank(RunPlan.load(args.run_plan), claimed=True, launched=True)
+        code = _run_rank(RunPlan.load(args.run_plan), claimed=True, launched=True)
+        from hybridpar.reliability.replica_loss import exit_after_world_changes
+
+        exit_after_world_changes(code)
+        return code
     run = prepare(args)
     if under_launcher():  # a rank under torchrun or SLURM: rank 0 claims the run for all
         return _run_rank(run, claimed=False, launched=True, overwrite=args.overwrite)
@@ -146,7 +155,15 @@ def run(args) -> int:
         if args.nproc is not None and args.nproc > 1:
             plan_file = os.path.join(run.out, "plan.json")
             run.save(plan_file)
-            code = launch_local(args.nproc, ["train", "--run-plan", plan_file], stop_grace_s=run.reliability.timeout_s)
+            argv = ["train", "--run-plan", plan_file]
+            if run.reliability.tolerate_replica_loss:
+                from hybridpar.launch.tolerant import TolerantLauncher
+
+                p = run.plan
+                code = TolerantLauncher(args.nproc, argv, p.tp * p.cp * p.pp, run.reliability.rejoin_after_s,
+                                        run.reliability.timeout_s).run()
+            else:
+                code = launch_local(args.nproc, argv, stop_grace_s=run.reliability.timeout_s)
             return _exit_code(run.out, code)
         return _run_rank(run, claimed=True, launched=False)
     finally:
@@ -168,7 +185,7 @@ def _run_rank(run, claimed: bool, launched: bool, overwrite: bool = False) -> in
 
     rank0 = dist.get_rank() == 0
     held = None
-    code = 0
+    code, failed = 0, False
     try:
         if not claimed:
             held = _claim_on_rank0(run, overwrite)
@@ -199,9 +216,10 @@ def _run_rank(run, claimed: bool, launched: bool, overwrite: bool = False) -> in
     except Exception as err:
         if is_lost_peer(err):
             lost_peer(err)  # does not return: the process group is unusable, a barrier would fail or hang
+        failed = True
         raise
     finally:
-        shutdown()
+        shutdown(barrier=not failed)  # after an error the peers may never come to a barrier
         if held is not None:
             held.release()
     # A rank under a launcher ends a clean early stop with 0, so the agent reports no failed
