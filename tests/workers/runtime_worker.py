@@ -1,4 +1,4 @@
-"""Multi-rank worker for tests/test_runtime.py: many layouts in one launch.
+"""Multi-rank worker for tests/integration/test_runtime.py: many layouts in one launch.
 
 Usage: torchrun --nproc-per-node N tests/workers/runtime_worker.py CONFIG.json
 CONFIG: {"out": DIR, "steps": S, "layouts": [{"name": ..., "tp":..., ...}], "record": [names]}
