@@ -215,22 +215,3 @@ def _world_timeout_minutes() -> float | None:
         return dist.group.WORLD._get_backend(device).options._timeout.total_seconds() / 60
     except Exception:  # noqa: BLE001 - a private API: without it the groups keep megatron's default
         return None
-
-
-def replica_hash(modules, mesh: Mesh) -> list[str]:
-    """Hash this rank's parameters and gather the hashes of its DP group (one small all-gather).
-
-    Returns the hex digests of every DP rank in the group, in DP-rank order: all equal when the
-    replicas hold bit-identical parameters.
-    """
-    import hashlib
-
-    h = hashlib.sha256()
-    for module in modules:
-        for name, p in module.named_parameters():
-            h.update(name.encode())
-            h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    digest = torch.tensor(list(h.digest()), dtype=torch.uint8, device=mesh.device)
-    out = [torch.empty_like(digest) for _ in range(mesh.size("dp"))]
-    dist.all_gather(out, digest, group=mesh.group("dp"))
-    return [bytes(t.cpu().tolist()).hex() for t in out]

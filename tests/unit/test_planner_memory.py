@@ -135,8 +135,13 @@ def test_embedding_on_first_and_output_on_last():
     m = PRESETS["llama3-8b"]
     plan = Plan(m, 8192, 64, tp=2, pp=4, dp=2, zero_stage=0)
     first, middle, last = stages(plan)
-    p_first, p_mid = stage_memory(plan, first).params, stage_memory(plan, middle).params
-    assert p_first - p_mid == pytest.approx(2 * m.vocab * m.hidden / 2)
+    assert first.layers == middle.layers == last.layers == 8
+    p_first, p_mid, p_last = (stage_memory(plan, s).params for s in (first, middle, last))
+    # bf16 weights (2 bytes), TP2: the first stage adds its half of the input embedding, the last
+    # its half of the (untied) output layer and the whole final RMSNorm weight (hidden elements).
+    assert not m.tied_embeddings
+    assert p_first - p_mid == 2 * m.vocab * m.hidden / 2
+    assert p_last - p_mid == 2 * (m.vocab * m.hidden / 2 + m.hidden)
 
 
 def test_lighter_end_stages_split_llama3_405b():

@@ -1,8 +1,8 @@
 """Out-of-sample check: published runs the planner was not built on (topology/data/validation_runs.json:
 NVIDIA DGX Cloud benchmark recipes on H100, and BigScience's sweep of 19 layouts of one 181B model on
 384 A100s, 3 of which ran out of memory), each evaluated with its published layout through
-topology.cases. Timed runs predict MFU within 20% (relative) of the reported throughput converted to
-model-FLOPs MFU; memory verdicts match what happened; the sweep's layouts rank as measured. Misses
+topology.cases. Timed runs predict MFU within 15% (relative, the tolerance the public cases get in
+test_planner_cases.py) of the reported throughput converted to model-FLOPs MFU; memory verdicts match what happened; the sweep's layouts rank as measured. Misses
 are xfail(strict) with the reason, as in test_planner_cases.py; docs/planner.md has the table."""
 import pytest
 
@@ -12,15 +12,20 @@ from hybridpar.topology.hardware import get_gpu
 from hybridpar.topology.models import ModelSpec
 from hybridpar.topology import validation
 
-TOLERANCE = 0.20
+TOLERANCE = 0.15  # as for the public cases (test_planner_cases.py)
 RUNS = load_cases(VALIDATION_PATH)
 TIMED = [r for r in RUNS if r.get("outcome", "ran") == "ran"]
 
 _TP8_SWEEP = ("predicted high by 20-24%: the sweep's TP=8 rows (hidden/TP 1792) lean +12 to +24%, its TP=4 rows "
               "+3 to +10%, its TP=2 rows -4 to -8%; the shape terms modelled (short-K GEMMs, NCCL latency) move "
               "them the right way but not far enough (docs/planner.md, what is missing)")
-KNOWN_MISSES = {f"bloom-sweep-{k}": _TP8_SWEEP for k in (
-    "tp8-pp6-dp8-mb6", "tp8-pp12-dp4-mb2", "tp8-pp4-dp12-mb2", "tp8-pp2-dp24-mb1", "tp8-pp2-dp24-mb2")}
+KNOWN_MISSES = {
+    **{f"bloom-sweep-{k}": _TP8_SWEEP for k in (
+        "tp8-pp6-dp8-mb6", "tp8-pp12-dp4-mb2", "tp8-pp4-dp12-mb2", "tp8-pp2-dp24-mb1", "tp8-pp2-dp24-mb2")},
+    "nemo2409-llama31-8b-8": "predicted high by 19%: on one node nearly nothing is exposed (DP and CP inside NVLink), "
+                             "so the step is the compute model's, which leans +12% on the same layout at 128 GPUs "
+                             "(nemo2409-llama31-8b-128); no term found for the rest (docs/planner.md, what is missing)",
+}
 # Layouts that trained but are predicted not to fit, with what the memory model lacks for them.
 KNOWN_REFUSED = {
     "nemo2409-llama31-8b-8": "80.0 GiB predicted: NeMo's fused cross-entropy and TE kernels keep less than the "

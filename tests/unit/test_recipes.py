@@ -49,12 +49,31 @@ def test_gpu_recipe_fits_its_gpus_with_headroom(path, capsys):
     assert plan["fits"] and plan["memory_gib"]["total"] <= (1 - HEADROOM) * capacity, (plan["memory_gib"], capacity)
 
 
+def without_layout(path: Path, tmp_path: Path) -> Path:
+    """The recipe as given to the planner: the same file without its parallel: section."""
+    data = yaml.safe_load(path.read_text())
+    data.pop("parallel")
+    bare = tmp_path / path.name
+    bare.write_text(yaml.safe_dump(data))
+    return bare
+
+
+LAYOUT_KEYS = ("tp", "cp", "pp", "dp", "vpp", "micro_batch", "zero_stage")
+
+
 @pytest.mark.parametrize("path", CPU, ids=lambda p: p.stem)
-def test_cpu_recipe_validates_on_8_ranks_and_plans(path, capsys):
+def test_cpu_recipe_validates_on_8_ranks_and_plans_its_own_layout(path, tmp_path, capsys):
+    """A CPU recipe's layout is chosen to exercise TP x PP x DP on 8 CPU ranks, not by the planner:
+    `plan --recipe` takes every size it writes as a pin. Without them the planner chooses another
+    layout (TP1 x PP2 x DP4 for tiny, DP8 for the others), so it is the pins that decide here."""
     recipe = load_recipe(str(path)).validate(8)
     assert recipe.parallel.dp * recipe.model_parallel_size() == 8
-    best = plan_json(capsys, ["--recipe", str(path), "--gpus", "8"])
-    assert (best["tp"], best["pp"], best["dp"]) == (recipe.parallel.tp, recipe.parallel.pp, recipe.parallel.dp)
+    p = recipe.parallel
+    written = (p.tp, p.cp, p.pp, p.dp, p.vpp, p.micro_batch, p.zero)
+    pinned = plan_json(capsys, ["--recipe", str(path), "--gpus", "8"])
+    assert tuple(pinned[k] for k in LAYOUT_KEYS) == written
+    free = plan_json(capsys, ["--recipe", str(without_layout(path, tmp_path)), "--gpus", "8"])
+    assert tuple(free[k] for k in LAYOUT_KEYS[:4]) != written[:4]
 
 
 @pytest.mark.parametrize("path", LLAMA, ids=lambda p: p.stem)
@@ -68,12 +87,7 @@ def test_llama_recipe_is_the_planners_choice(path, tmp_path, capsys):
     assert path.stem.startswith(recipe.model.name) and recipe.data.source == "indexed"
     assert recipe.data.tokenizer.endswith("tokenizer.json") and recipe.data.path
 
-    # The recipe as given to the planner: the same file without its layout.
-    data = yaml.safe_load(path.read_text())
-    data.pop("parallel")
-    bare = tmp_path / path.name
-    bare.write_text(yaml.safe_dump(data))
-    best = plan_json(capsys, ["--recipe", str(bare), "--gpus", str(gpus), *pins])
+    best = plan_json(capsys, ["--recipe", str(without_layout(path, tmp_path)), "--gpus", str(gpus), *pins])
     chosen = {k: best[k] for k in ("tp", "cp", "pp", "dp", "vpp", "micro_batch", "zero_stage", "recompute")}
     written = {"tp": p.tp, "cp": p.cp, "pp": p.pp, "dp": p.dp, "vpp": p.vpp, "micro_batch": p.micro_batch,
                "zero_stage": p.zero, "recompute": p.recompute}

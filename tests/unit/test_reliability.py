@@ -12,27 +12,38 @@ from hybridpar.errors import UsageError
 from hybridpar.reliability.faults import Fault, parse
 from hybridpar.launch.local import failure_summary, root_cause
 from hybridpar.reliability.replicas import Drift, find_drift
+from hybridpar.topology.layout import RankLayout
 
 TINY = Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml"
 A, B = b"\x00" * 8, b"\x01" * 8
 
 
-def _replica_ranks(d):
-    return range(4 * d, 4 * d + 4)
-
-
 def test_majority_names_the_odd_replica_and_its_tensor():
     names = ["w1", "w2", "w3"]
     gathered = [[A, A, A], [A, A, A], [A, B, A], [A, A, A]]  # DP rank 2 differs in w2
-    found = find_drift(7, names, gathered, dp_ranks=[1, 5, 9, 13], replica_ranks=_replica_ranks)
-    assert found == [Drift(7, "w2", 2, 9, (8, 9, 10, 11), (0, 1, 3))]
+    layout = RankLayout(tp=4, dp=4)  # replica d: ranks 4d..4d+3; rank 1's DP group: 1, 5, 9, 13
+    found = find_drift(7, names, gathered, [1, 5, 9, 13], layout)
+    assert found == [Drift(7, "w2", 2, 9, (8, 9, 10, 11), (0, 1, 3), None, (1, 5, 13))]
     assert found[0].line() == "replica drift at step 7: DP replica 2 (ranks 8-11) differs from replica(s) 0,1,3 in w2 (held by rank 9)"
 
 
 def test_identical_replicas_report_nothing_and_a_tie_names_the_replica_without_dp_rank_0():
-    assert find_drift(1, ["w"], [[A], [A]], [0, 4], _replica_ranks) == []
-    (drift,) = find_drift(1, ["w"], [[A], [B]], [2, 6], _replica_ranks)
+    layout = RankLayout(tp=4, dp=2)
+    assert find_drift(1, ["w"], [[A], [A]], [0, 4], layout) == []
+    (drift,) = find_drift(1, ["w"], [[A], [B]], [2, 6], layout)
     assert (drift.replica, drift.rank, drift.agreeing) == (1, 6, (0,))
+
+
+def test_a_cp_rank_that_differs_from_its_cp_peer_is_named():
+    """With CP the ranks holding the same weights are the dp_cp group: TP2 x CP2 x DP2 (order
+    tp-cp-pp-dp), rank 0's group is ranks 0 (DP 0, CP 0), 2 (DP 0, CP 1), 4 and 6 (DP 1). Rank 2's
+    copy differs from its CP peer in the same DP replica, which a DP-only check never compares."""
+    layout = RankLayout(tp=2, cp=2, dp=2)
+    assert layout.group_of(0, "dp_cp") == [0, 2, 4, 6] and layout.group_of(0, "dp") == [0, 4]
+    (drift,) = find_drift(3, ["w"], [[A], [B], [A], [A]], [0, 2, 4, 6], layout)
+    assert drift == Drift(3, "w", 0, 2, (0, 1, 2, 3), (0, 1), 1, (0, 4, 6))
+    assert drift.line() == ("replica drift at step 3: rank 2 (DP replica 0, CP rank 1) differs from rank(s) 0,4,6, "
+                            "which hold the same weights, in w")
 
 
 def test_fault_specs_parse_and_bad_ones_are_one_line_errors():
