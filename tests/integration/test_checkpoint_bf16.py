@@ -13,7 +13,7 @@ sets the masters and the bf16 weights (the masters rounded to bf16, as DeepSpeed
   state (fp32 masters, both moments, gathered to one-process tensors) must equal the original bit
   for bit. The continued bf16 losses are compared loosely: another layout sums in another order,
   and bf16 weights/activations turn those last-bit differences into larger ones (measured:
-  2e-5 to 5e-5 over 2 steps, up to 1.8e-4 over 3; fp32 reshards stay within 1e-5).
+  6.9e-5 to 1.0e-4 over 2 steps; fp32 reshards: tests/integration/test_checkpoint_resume.py).
 
 Plus the command line: ``hybridpar train`` with a bf16 recipe at ZeRO-0 and --save-dir on 2 ranks
 (DP2), resumed by a second run: the resumed steps' losses and grad norms are identical. (Before
@@ -33,7 +33,7 @@ from multirank import run_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 2
-BF16_LOSS_TOL = 1e-3  # continued losses after a reshard, loss ~5.8 (measured <= 5.4e-5 over 2 steps)
+BF16_LOSS_TOL = 3e-4  # continued losses after a reshard, loss ~5.8, about 3x the measured 6.9e-5 to 1.0e-4
 
 Z1 = {"tp": 2, "pp": 2, "dp": 1, "zero": 1}
 Z2 = {"tp": 1, "pp": 2, "dp": 2, "zero": 2}

@@ -8,7 +8,7 @@ Launch 2 (4 ranks) loads those checkpoints into other layouts (DP4->DP2, TP2xPP2
 TP1xPP4 ZeRO-0 -> TP2xPP2 ZeRO-1, tied PP2 VPP2 -> PP1, TP2xCP2xDP2 -> DP4), saves again right after loading, and
 trains on. The re-saved checkpoint, gathered to one-process tensors (weights, both AdamW
 moments), must equal the original bit for bit; the continued losses must match the straight
-run of the original layout to 1e-5 (only the reduction order differs).
+run of the original layout to 2e-6 (only the reduction order differs; measured <= 7.2e-7).
 """
 from __future__ import annotations
 
@@ -22,7 +22,11 @@ from multirank import run_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 N = 3
-TOL = 1e-5
+# A checkpoint loaded into another layout, continued 3 steps, against the straight run of the
+# layout it was saved from (fp32; another layout sums in another order). Measured on the five
+# reshards below: losses within 0 to 7.2e-7, grad norms (1.2-2.9) within 0 to 4.8e-7; about 3x that.
+RESHARD_LOSS_TOL = 2e-6
+RESHARD_NORM_TOL = 1.5e-6
 
 L1 = {"tp": 2, "pp": 2, "dp": 2, "zero": 1}
 DP4 = {"tp": 2, "pp": 1, "dp": 4, "zero": 2}
@@ -155,8 +159,8 @@ def test_other_layout_loads_the_same_state(runs, job, resaved, original, straigh
     ref_losses, ref_norms = _steps(same[straight], N + 1, 2 * N)
     diff = max(abs(x - y) for x, y in zip(losses, ref_losses))
     print(f"{job}: max loss difference to {straight} over steps {N + 1}..{2 * N}: {diff:.3g}")
-    assert diff <= TOL, (losses, ref_losses)
-    assert max(abs(x - y) for x, y in zip(norms, ref_norms)) <= 1e-4
+    assert diff <= RESHARD_LOSS_TOL, (losses, ref_losses)
+    assert max(abs(x - y) for x, y in zip(norms, ref_norms)) <= RESHARD_NORM_TOL, (norms, ref_norms)
 
 
 @pytest.mark.parametrize("name,expected", [("flipped", r"rank-00002\.pt fails its sha256 check"),

@@ -1,7 +1,7 @@
 """No orphans (issue 16 §3): ranks end when their launcher dies, however it dies.
 
 torch's agent starts every rank in a session of its own, so a SIGKILLed launcher (OOM killer)
-used to leave its 8 ranks training for minutes. hybridpar/launcher_death.py asks the kernel for
+used to leave its 8 ranks training for minutes. hybridpar/launch/launcher_death.py asks the kernel for
 SIGKILL when the parent dies. One 8-rank launch, which also checks that a warm-up longer than the
 run is said once, by the launching process, not by its ranks.
 """
@@ -16,33 +16,13 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import descendants, stat
 
 ROOT = Path(__file__).resolve().parents[2]
 GONE_WITHIN_S = 30  # the issue's bound; measured 0.1 s (the kernel's signal, then reaping)
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
 for _key in ("RANK", "WORLD_SIZE", "TORCHELASTIC_RUN_ID", "HYBRIDPAR_LAUNCHER_PID"):
     ENV.pop(_key, None)
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) from /proc, None once the process is gone or a zombie."""
-    try:
-        state, ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[:2]
-    except (OSError, ValueError):
-        return None
-    return None if state in ("Z", "X") else (state, int(ppid))
-
-
-def _descendants(root: int) -> set[int]:
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (stat := _stat(int(entry))):
-            parents[int(entry)] = stat[1]
-    found, frontier = set(), {root}
-    while frontier:
-        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - found
-        found |= frontier
-    return found
 
 
 def _wait_for(predicate, timeout_s: float, what: str):
@@ -71,13 +51,13 @@ def test_rank_dies_with_its_launcher(wrapped):
         "env=dict(os.environ, TORCHELASTIC_RUN_ID='t', HYBRIDPAR_LAUNCHER_PID=str(os.getpid()))); time.sleep(120)")
     child = int(launcher.stdout.readline())  # printed once the rank has asked (its stdout is the launcher's)
     try:
-        assert _stat(child) and (_stat(child)[1] == launcher.pid) != wrapped
+        assert stat(child) and (stat(child)[1] == launcher.pid) != wrapped
         launcher.kill()
         launcher.wait()
-        _wait_for(lambda: _stat(child) is None, 10, "the rank outlived its launcher")
+        _wait_for(lambda: stat(child) is None, 10, "the rank outlived its launcher")
     finally:
         launcher.kill()
-        if _stat(child):
+        if stat(child):
             os.kill(child, signal.SIGKILL)
 
 
@@ -107,15 +87,15 @@ def test_sigkilled_launcher_leaves_no_rank(tmp_path):
     ranks: set[int] = set()
     try:
         _wait_for(lambda: "step 2/100000" in log.read_text() or launcher.poll() is not None, 400, "no step 2")
-        ranks = _descendants(launcher.pid)
+        ranks = descendants(launcher.pid)
         text = log.read_text()
         assert launcher.poll() is None, text[-3000:]
         assert len(ranks) >= 8, ranks
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait()
         killed = time.monotonic()
-        _wait_for(lambda: not any(_stat(pid) for pid in ranks), GONE_WITHIN_S,
-                  f"ranks still alive {GONE_WITHIN_S} s after the launcher's SIGKILL: {[p for p in ranks if _stat(p)]}")
+        _wait_for(lambda: not any(stat(pid) for pid in ranks), GONE_WITHIN_S,
+                  f"ranks still alive {GONE_WITHIN_S} s after the launcher's SIGKILL: {[p for p in ranks if stat(p)]}")
         print(f"{len(ranks)} processes of the run gone {time.monotonic() - killed:.2f} s after the launcher's SIGKILL")
         warnings = [line for line in text.splitlines() if "warning" in line]
         assert len(warnings) == 1 and warnings[0].startswith(
@@ -123,5 +103,5 @@ def test_sigkilled_launcher_leaves_no_rank(tmp_path):
     finally:
         launcher.kill()
         for pid in ranks:
-            if _stat(pid):
+            if stat(pid):
                 os.kill(pid, signal.SIGKILL)
