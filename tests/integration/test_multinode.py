@@ -176,7 +176,7 @@ def test_losing_the_head_node_fails_the_other_fast_in_one_line(head_node_lost):
 def test_no_head_node_to_join_is_one_line():
     """An agent that never reaches the store (wrong HEAD_NODE, head not started) says so."""
     port = _port()
-    res = subprocess.run([sys.executable, "-m", "hybridpar.node_agent", "--nnodes=2", "--nproc-per-node=1",
+    res = subprocess.run([sys.executable, "-m", "hybridpar.launch.node_agent", "--nnodes=2", "--nproc-per-node=1",
                           "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=none",
                           "--rdzv-conf=is_host=0,read_timeout=2", "-m", "hybridpar", "train", "--recipe", str(TINY)],
                          cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120)
