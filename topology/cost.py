@@ -356,7 +356,7 @@ def after_first_backward(n_mb: int, mb_s: float, fwd_s: float, pp: int, vpp: int
     """Seconds from the first pipeline rank's first backward to the end of the step, in the ideal
     timeline of Megatron's 1F1B (vpp 1) and interleaved schedules: uniform stages, a micro-batch
     of mb_s seconds of which fwd_s forward, step n mb_s + (p - 1) mb_s / v. That backward starts
-    at p f + (p - 1)(mb_s - f) / v; tests/test_planner_cost.py checks this against a simulation of
+    at p f + (p - 1)(mb_s - f) / v; tests/unit/test_planner_cost.py checks this against a simulation of
     the schedules' order."""
     return n_mb * mb_s - fwd_s * (pp - (pp - 1) / vpp)
 

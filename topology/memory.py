@@ -24,7 +24,7 @@ V, the projection input, the MLP intermediates and the scores over t; sequence p
 splits the rest too. Full recomputation keeps each layer's input (2h, split over t with SP)
 plus one layer's full activations while it is being recomputed.
 What a rotary (Llama) layer of megatron-core keeps besides, measured on hybridpar's layer
-(hybridpar/activation_audit.py; tests/test_activation_audit.py): FlashAttention's fp32 logsumexp
+(hybridpar/observe/activation_audit.py; tests/integration/test_activation_audit.py): FlashAttention's fp32 logsumexp
 (4a), and, where software.py says the stack does so, the rotated Q and K (2h + 2kv: RoPE is out of
 place while V, a view of the fused QKV output, keeps that output whole; rope_copies_kept), the
 cos/sin tables of unfused RoPE (8 head_dim, not split by TP; rope_fusion) and two more F-sized

@@ -3,7 +3,7 @@
 The planner plans for hybridpar's own stack (megatron-core layers with FlashAttention, sequence
 parallelism, no dropout; the DP gradient all-reduce issued during the last backward, DeepSpeed's
 ZeRO step and weight gathering after it).
-The published runs used in tests/test_planner_cases.py were made with other code; their
+The published runs used in tests/unit/test_planner_cases.py were made with other code; their
 software is described here from the code they ran, never tuned to their throughput.
 """
 from __future__ import annotations

@@ -4,7 +4,7 @@ and what hybridpar's runtime actually sends. Pure arithmetic on a Plan (no torch
 Two functions, compared by benchmarks/comm.py against bytes recorded from real steps:
 
 * ``cost_model_bytes(plan, pp_rank)``: the bytes behind cost.py's TP, PP and DP time terms,
-  before they are divided by a link bandwidth (tests/test_bench_smoke.py checks that dividing
+  before they are divided by a link bandwidth (tests/unit/test_bench_smoke.py checks that dividing
   them gives back ``step_cost``'s seconds where nothing overlaps). cost.py charges, per
   micro-batch, every layer 4 TP all-reduce equivalents of ``b s h`` (5 with sequence
   parallelism: megatron-core all-gathers the input again in backward), the first stage one more

@@ -1,1 +1,1 @@
-"""The one place that touches a dependency's internals: deepspeed.py, megatron.py and torch.py, each listing what it relies on (RELIES_ON, checked against the installed versions by tests/test_compat.py); and cpu.py, the accommodations CPU ranks need."""
+"""The one place that touches a dependency's internals: deepspeed.py, megatron.py and torch.py, each listing what it relies on (RELIES_ON, checked against the installed versions by tests/unit/test_compat.py); and cpu.py, the accommodations CPU ranks need."""

@@ -1,4 +1,4 @@
-"""How a compatibility module says what it relies on; tests/test_compat.py checks it against the
+"""How a compatibility module says what it relies on; tests/unit/test_compat.py checks it against the
 installed dependency, so an upgrade that changes an internal fails there, by name, and not in
 the middle of a training run."""
 from __future__ import annotations

@@ -5,7 +5,7 @@ under megatron's schedule, handing DeepSpeed partitions reduced elsewhere, defer
 all-gather, one norm reduction for all groups, reading and writing one rank's optimizer fragments
 without collectives (its ``safe_get_local_*`` functions are ZeRO-3 only, the ``safe_get_full_*``
 ones all-reduce). So each such use is one function here, and ``RELIES_ON`` lists what they touch;
-tests/test_compat.py checks the installed DeepSpeed for each. Nothing here imports DeepSpeed
+tests/unit/test_compat.py checks the installed DeepSpeed for each. Nothing here imports DeepSpeed
 before it is called.
 """
 from __future__ import annotations

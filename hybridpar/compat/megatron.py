@@ -8,7 +8,7 @@ Where a public function does the job it is used: ``get_cuda_rng_tracker()`` to r
 installed tracker, ``get_data_parallel_rng_tracker_name()`` and
 ``get_expert_parallel_rng_tracker_name()`` for its names. ``RELIES_ON`` lists the rest, with
 the attributes of megatron's objects that hybridpar reads without an API promising them;
-tests/test_compat.py checks the installed megatron-core for each. Nothing here imports megatron
+tests/unit/test_compat.py checks the installed megatron-core for each. Nothing here imports megatron
 before it is called.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every use of torch's internals (torch.distributed, its elastic agent, a device helper).
 
-Each is a function here, and ``RELIES_ON`` lists what they touch; tests/test_compat.py checks
+Each is a function here, and ``RELIES_ON`` lists what they touch; tests/unit/test_compat.py checks
 the installed torch for each. Nothing here imports torch before it is called: the node agent
 loads torch under its own log settings first (hybridpar.launch.node_agent).
 """

@@ -28,7 +28,7 @@ waits out its timeout), logged its own errors about the store, and lost what say
 were ever started (the difference between "lost the head node" and "never reached it"). One
 clear line for the one failure every multi-node user meets is worth three hooks, given that
 they act only after torch's agent has failed (a job whose head node lives runs exactly as under
-torchrun) and that tests/test_compat.py names any torch that changes what they rely on.
+torchrun) and that tests/unit/test_compat.py names any torch that changes what they rely on.
 """
 from __future__ import annotations
 

@@ -1,11 +1,15 @@
-"""Replica drift check: every N steps, are all DP replicas still bit-identical?
+"""Replica drift check: every N steps, do all ranks that should hold the same weights still hold
+bit-identical ones?
 
-Each rank hashes each of its parameters (8 bytes of sha256 per tensor) and gathers the hash
-vectors of its DP group (one all-gather of 8 bytes x parameters). Where a tensor's hashes
-disagree, the replicas holding the minority hash are reported (with two replicas, which one
-is wrong cannot be told: the one without DP rank 0 is named). One scalar all-reduce over the
-world tells every rank whether any group found drift; only then are the findings gathered, so
-a clean check costs one small all-gather and one scalar all-reduce.
+The ranks holding the same weights are this rank's ``dp_cp`` group: its DP replicas and, with
+context parallelism, the CP ranks of each replica (they hold the same shard of every weight and
+step it with the same averaged gradient); without CP that is the DP group. Each rank hashes each
+of its parameters (8 bytes of sha256 per tensor) and gathers the hash vectors of that group (one
+all-gather of 8 bytes x parameters). Where a tensor's hashes disagree, the ranks holding the
+minority hash are reported (with two holders, which one is wrong cannot be told: the one after
+the group's first rank is named). One scalar all-reduce over the world tells every rank whether
+any group found drift; only then are the findings gathered, so a clean check costs one small
+all-gather and one scalar all-reduce.
 
 ``train(..., hooks=[ReplicaCheck(every, on_drift)])``: ``on_drift="stop"`` raises
 ``ReplicaDriftError`` on every rank (``hybridpar train`` exits 3), ``"warn"`` prints and goes on.
@@ -28,16 +32,22 @@ class ReplicaDriftError(RuntimeError):
 class Drift:
     step: int
     tensor: str
-    replica: int  # the DP index whose copy disagrees with the majority
+    replica: int  # the DP index of the copy that disagrees with the majority
     rank: int  # the global rank holding that copy
-    replica_ranks: tuple[int, ...]  # every global rank of that replica
-    agreeing: tuple[int, ...]  # the DP indices holding the majority hash
+    replica_ranks: tuple[int, ...]  # every global rank of that DP replica
+    agreeing: tuple[int, ...]  # the DP indices of the ranks holding the majority hash
+    cp_rank: int | None = None  # with CP: the CP index of the disagreeing copy
+    agreeing_ranks: tuple[int, ...] = ()  # the global ranks holding the majority hash
 
     def line(self) -> str:
-        ranks = _span(self.replica_ranks)
+        if self.cp_rank is None:
+            return (
+                f"replica drift at step {self.step}: DP replica {self.replica} (ranks {_span(self.replica_ranks)}) "
+                f"differs from replica(s) {','.join(map(str, self.agreeing))} in {self.tensor} (held by rank {self.rank})"
+            )
         return (
-            f"replica drift at step {self.step}: DP replica {self.replica} (ranks {ranks}) differs from replica(s) "
-            f"{','.join(map(str, self.agreeing))} in {self.tensor} (held by rank {self.rank})"
+            f"replica drift at step {self.step}: rank {self.rank} (DP replica {self.replica}, CP rank {self.cp_rank}) "
+            f"differs from rank(s) {','.join(map(str, self.agreeing_ranks))}, which hold the same weights, in {self.tensor}"
         )
 
 
@@ -58,24 +68,47 @@ def tensor_digests(named_params) -> tuple[list[str], list[bytes]]:
     return names, digests
 
 
-def find_drift(step: int, names: list[str], gathered: list[list[bytes]], dp_ranks: list[int], replica_ranks) -> list[Drift]:
-    """``gathered[d][i]``: DP rank d's digest of tensor i. ``dp_ranks[d]``: its global rank;
-    ``replica_ranks(d)``: all global ranks of replica d."""
+def gather_digests(named_params, mesh) -> tuple[list[str], list[list[bytes]], list[int]]:
+    """(names, digests, ranks): this rank's parameter names, and the digests of every rank that
+    holds the same weights (the ``dp_cp`` group), ``digests[k]`` those of global rank ``ranks[k]``."""
+    import torch
+    import torch.distributed as dist
+
+    names, digests = tensor_digests(named_params)
+    group = mesh.group("dp_cp")
+    ranks = dist.get_process_group_ranks(group)
+    if len(ranks) == 1:
+        return names, [digests], ranks
+    mine = torch.tensor(list(b"".join(digests)), dtype=torch.uint8, device=mesh.device)
+    parts = [torch.empty_like(mine) for _ in ranks]
+    dist.all_gather(parts, mine, group=group)
+    return names, [_split(bytes(t.cpu().tolist())) for t in parts], ranks
+
+
+def find_drift(step: int, names: list[str], gathered: list[list[bytes]], ranks: list[int], layout) -> list[Drift]:
+    """``gathered[k][i]``: global rank ``ranks[k]``'s digest of tensor i, for ranks that should hold
+    the same weights; ``layout``: the job's RankLayout, which names each rank's replica."""
     found = []
     for i, name in enumerate(names):
         groups: dict[bytes, list[int]] = {}
-        for d, digests in enumerate(gathered):
-            groups.setdefault(digests[i], []).append(d)
+        for k, digests in enumerate(gathered):
+            groups.setdefault(digests[i], []).append(k)
         if len(groups) == 1:
             continue
-        # Majority wins; a tie goes to the group holding the lowest DP rank.
-        majority = max(groups.values(), key=lambda ds: (len(ds), -ds[0]))
+        # Majority wins; a tie goes to the group holding the group's first rank.
+        majority = max(groups.values(), key=lambda ks: (len(ks), -ks[0]))
+        agreeing = tuple(ranks[k] for k in majority)
         for members in groups.values():
-            if members is majority:
-                continue
-            for d in members:
-                found.append(Drift(step, name, d, dp_ranks[d], tuple(replica_ranks(d)), tuple(majority)))
+            if members is not majority:
+                found += [_drift(step, name, ranks[k], agreeing, layout) for k in members]
     return found
+
+
+def _drift(step: int, tensor: str, rank: int, agreeing: tuple[int, ...], layout) -> Drift:
+    coord = layout.coord(rank)
+    return Drift(step, tensor, coord.dp, rank, tuple(layout.group_of(rank, "mp")),
+                 tuple(sorted({layout.coord(r).dp for r in agreeing})),
+                 coord.cp if layout.cp > 1 else None, agreeing)
 
 
 class ReplicaCheck:
@@ -98,18 +131,8 @@ class ReplicaCheck:
         from hybridpar.runtime.model import canonical_params
 
         mesh = job.mesh
-        names, digests = tensor_digests(canonical_params(job.chunks))
-        mine = torch.tensor(list(b"".join(digests)), dtype=torch.uint8, device=mesh.device)
-        dp = mesh.size("dp")
-        local: list[Drift] = []
-        if dp > 1:
-            parts = [torch.empty_like(mine) for _ in range(dp)]
-            dist.all_gather(parts, mine, group=mesh.group("dp"))
-            gathered = [_split(bytes(t.cpu().tolist())) for t in parts]
-            dp_ranks = dist.get_process_group_ranks(mesh.group("dp"))
-            layout = job.plan.layout
-            ranks_of = lambda d: [r for r in range(layout.world_size) if layout.coord(r).dp == d]  # noqa: E731
-            local = find_drift(step, names, gathered, dp_ranks, ranks_of)
+        names, gathered, ranks = gather_digests(canonical_params(job.chunks), mesh)
+        local = find_drift(step, names, gathered, ranks, job.plan.layout)
         flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=mesh.device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if not int(flag):

@@ -10,11 +10,11 @@ masking and grouped-query heads built in, and is differentiable, so it drops int
 
 Context parallelism (cp > 1), which megatron's DotProductAttention refuses, is implemented here:
 K/V all-gathered over the CP group, each rank's two load-balanced chunks attending causally
-(``_context_parallel``); tests/test_runtime.py checks CP layouts against one process.
+(``_context_parallel``); tests/integration/test_runtime.py checks CP layouts against one process.
 
 Same math as ``DotProductAttention`` for what hybridpar builds: causal mask, no dropout, softmax
 scale ``1/sqrt(head_dim)``, no attention bias, no sliding window, vanilla softmax; anything else is
-refused at construction (tests/test_attention.py checks outputs and gradients against megatron's).
+refused at construction (tests/integration/test_attention.py checks outputs and gradients against megatron's).
 """
 from __future__ import annotations
 

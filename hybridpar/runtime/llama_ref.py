@@ -6,7 +6,7 @@ torch ops, independently of megatron-core, so that
 
 - rank 0 can sample text from a model trained under any TP x PP x DP layout (generate.py), and
 - a test can check megatron's model against a second implementation of the same math
-  (tests/test_generate.py: equal logits).
+  (tests/integration/test_generate.py: equal logits).
 
 The math is megatron-core's with hybridpar's options (model.py): token embedding, then per layer
 ``x += proj(attn(rmsnorm(x)))`` and ``x += fc2(mlp(rmsnorm(x)))``, a final RMSNorm and the output

@@ -209,20 +209,3 @@ class DeepSpeedMPU:
         return self.mesh.size("pp")
 
 
-def replica_hash(modules, mesh: Mesh) -> list[str]:
-    """Hash this rank's parameters and gather the hashes of its DP group (one small all-gather).
-
-    Returns the hex digests of every DP rank in the group, in DP-rank order: all equal when the
-    replicas hold bit-identical parameters.
-    """
-    import hashlib
-
-    h = hashlib.sha256()
-    for module in modules:
-        for name, p in module.named_parameters():
-            h.update(name.encode())
-            h.update(p.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    digest = torch.tensor(list(h.digest()), dtype=torch.uint8, device=mesh.device)
-    out = [torch.empty_like(digest) for _ in range(mesh.size("dp"))]
-    dist.all_gather(out, digest, group=mesh.group("dp"))
-    return [bytes(t.cpu().tolist()).hex() for t in out]

@@ -64,7 +64,7 @@ fp32, ``use_grad_accum_attribute``, switched on after DeepSpeed builds its ZeRO 
 per-parameter hooks are removed): the fp32 ``p.grad`` is handed over as ``p.grad_accum``, copied
 into an fp32 bucket, reduced to its owner in fp32 (``communication_data_type``) and added into an
 fp32 gradient partition that feeds the norm, the clipping and the fp32 master step: no bf16
-rounding of the summed gradient anywhere (tests/test_bf16.py). DeepSpeed's config option
+rounding of the summed gradient anywhere (tests/integration/test_bf16.py). DeepSpeed's config option
 ``data_types.grad_accum_dtype: fp32`` is not used: at ZeRO-1 it selects another optimizer class
 (BF16_Optimizer: no ``reduce_gradients``, different partition bookkeeping), at ZeRO-2 it still
 stages the one deferred reduction in a bf16 bucket, and at ZeRO-0 DeepSpeed refuses it. ZeRO-0 in

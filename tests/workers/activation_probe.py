@@ -1,4 +1,4 @@
-"""One process for tests/test_activation_audit.py: one transformer layer's saved activations
+"""One process for tests/integration/test_activation_audit.py: one transformer layer's saved activations
 (hybridpar/activation_audit.py) for each case in the JSON list given as argv[1]
 ([model, tp, seq_len, recompute], ...). Prints one JSON line: a list of results in that order."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One-process worker for tests/test_generate.py: hybridpar's SDPA core attention vs megatron's own.
+"""One-process worker for tests/integration/test_generate.py: hybridpar's SDPA core attention vs megatron's own.
 
 Usage: python tests/workers/attention_worker.py OUT.json
 Builds the tiny GQA model (4 heads, 2 KV groups) twice from the same canonical weights, once with

@@ -1,4 +1,4 @@
-"""Multi-rank worker for tests/test_bf16.py: bf16 gradient accumulation and bf16 training.
+"""Multi-rank worker for tests/integration/test_bf16.py: bf16 gradient accumulation and bf16 training.
 
 Usage: torchrun --nproc-per-node 4 tests/workers/bf16_worker.py CONFIG.json
 CONFIG: {"out": DIR, "accum": [LAYOUT, ...], "train": [LAYOUT, ...], "steps": S}

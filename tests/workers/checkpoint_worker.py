@@ -1,4 +1,4 @@
-"""Multi-rank worker for tests/test_checkpoint_resume.py and tests/test_checkpoint_bf16.py: several checkpoint jobs in one launch.
+"""Multi-rank worker for tests/integration/test_checkpoint_resume.py and tests/integration/test_checkpoint_bf16.py: several checkpoint jobs in one launch.
 
 Usage: torchrun --nproc-per-node N tests/workers/checkpoint_worker.py CONFIG.json
 CONFIG: {"out": DIR, "jobs": [JOB, ...]}, each JOB:

@@ -1,4 +1,4 @@
-"""One-process worker for tests/test_grad_sync.py: OverlappedGradReduction's bookkeeping on a
+"""One-process worker for tests/integration/test_grad_sync.py: OverlappedGradReduction's bookkeeping on a
 world of one (gloo), with real autograd hooks.
 
 Usage: python tests/workers/grad_sync_worker.py OUT.json

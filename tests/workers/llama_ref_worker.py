@@ -1,4 +1,4 @@
-"""One-process worker for tests/test_generate.py: megatron's logits vs hybridpar.llama_ref's.
+"""One-process worker for tests/integration/test_generate.py: megatron's logits vs hybridpar.llama_ref's.
 
 Usage: python tests/workers/llama_ref_worker.py OUT.json
 For the tiny GQA model (4 heads, 2 KV groups), untied and tied embeddings: build a 1-rank Job

@@ -1,8 +1,8 @@
-"""An independent one-process reference for tests/test_runtime.py: plain PyTorch, no megatron-core,
+"""An independent one-process reference for tests/integration/test_runtime.py: plain PyTorch, no megatron-core,
 no DeepSpeed, no hybridpar runtime code on the training path.
 
 The forward is hybridpar/llama_ref.py's plain-torch Llama (itself checked against megatron's
-model in tests/test_generate.py) run with autograd on leaf tensors; the loss is the mean
+model in tests/integration/test_generate.py) run with autograd on leaf tensors; the loss is the mean
 cross-entropy over every token of the global batch; the optimizer is ``torch.optim.AdamW`` with
 weight decay on matrices only; clipping is ``torch.nn.utils.clip_grad_norm_`` over all
 parameters; the learning-rate schedule is written out below (linear warm-up, then cosine to the

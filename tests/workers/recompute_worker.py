@@ -1,4 +1,4 @@
-"""Multi-rank worker for tests/test_recompute.py: one layout, every recompute mode, one launch.
+"""Multi-rank worker for tests/integration/test_recompute.py: one layout, every recompute mode, one launch.
 
 Usage: torchrun --nproc-per-node N tests/workers/recompute_worker.py CONFIG.json
 CONFIG: {"out": DIR, "steps": S, "tp": T, "pp": P, "micro_batch": M, "global_batch": G,

@@ -1,9 +1,10 @@
-"""Multi-rank worker for tests/test_runtime.py: many layouts in one launch.
+"""Multi-rank worker for tests/integration/test_runtime.py: many layouts in one launch.
 
 Usage: torchrun --nproc-per-node N tests/workers/runtime_worker.py CONFIG.json
 CONFIG: {"out": DIR, "steps": S, "layouts": [{"name": ..., "tp":..., ...}], "record": [names]}
 For each layout it builds a Job (fresh mesh, model, engine), trains S steps, checks after every
-step that all DP replicas hold bit-identical parameters (hash across each DP group), and, for
+step that every rank holding the same weights (its dp_cp group: the DP replicas and, with CP, the
+CP ranks) holds bit-identical parameters (ReplicaCheck's digests, gathered over dp_cp), and, for
 layouts named in "record", logs every collective and p2p of one training step with its group.
 Rank 0 writes DIR/results.json and DIR/<name>.pt (the full gathered weights).
 """
@@ -31,8 +32,9 @@ from hybridpar.data import SyntheticTokens  # noqa: E402
 from hybridpar.config.optim import OptimConfig  # noqa: E402
 from hybridpar.launch.local import init_distributed  # noqa: E402
 from results_io import finish  # noqa: E402
-from hybridpar.runtime.mesh import replica_hash  # noqa: E402
+from hybridpar.reliability.replicas import gather_digests  # noqa: E402
 from hybridpar.runtime.job import Job  # noqa: E402
+from hybridpar.runtime.model import canonical_params  # noqa: E402
 
 # GQA test model: 8 query heads over 4 KV heads, so TP 4 divides both.
 MODEL = ModelSpec(layers=4, hidden=64, ffn_hidden=176, heads=8, kv_heads=4, vocab=320, name="test-gqa")
@@ -95,8 +97,8 @@ def run_layout(cfg, layout, recorder):
             if dist.get_rank() == 0:
                 with open(os.path.join(cfg["out"], f"{layout['name']}.events.json"), "w") as f:
                     json.dump(gathered, f)
-        hashes = replica_hash(job.chunks, mesh)
-        same = torch.tensor([1 if len(set(hashes)) == 1 else 0], device=mesh.device)
+        _, digests, _ = gather_digests(canonical_params(job.chunks), mesh)
+        same = torch.tensor([1 if all(d == digests[0] for d in digests) else 0], device=mesh.device)
         dist.all_reduce(same, op=dist.ReduceOp.MIN)
         identical.append(bool(same.item()))
         losses.append(m.loss)

@@ -1,4 +1,4 @@
-"""One process for tests/test_device_strict.py: which uses of a tensor created without a device
+"""One process for tests/integration/test_device_strict.py: which uses of a tensor created without a device
 fail under strict device mode (hybridpar/compat/cpu.py). Prints one JSON line."""
 from __future__ import annotations
 

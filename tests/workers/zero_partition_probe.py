@@ -1,4 +1,4 @@
-"""One process for tests/test_memory_audit.py: the bytes ``memory_audit.count_stage`` derives for a
+"""One process for tests/integration/test_memory_audit.py: the bytes ``memory_audit.count_stage`` derives for a
 stage, against what DeepSpeed's ZeRO optimizer really allocates for the same chunks.
 
 Joins a fake world (TP2 x PP2 x DP3: 12 ranks, DP 3 so that the flat groups need padding) as

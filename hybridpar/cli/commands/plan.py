@@ -73,7 +73,7 @@ RECIPE_PINS = {"tp": "tp", "pp": "pp", "cp": "cp", "vpp": "vpp", "zero": "zero_s
 def recipe_defaults(path: str) -> dict:
     """What a recipe contributes to the request: model, seq_len, global batch (sequences), GPU,
     GPUs per node, and pins for the parallel sizes the file writes out. hybridpar.recipe is
-    torch-free at import (tests/test_planner_imports.py checks it with this module)."""
+    torch-free at import (tests/integration/test_planner_imports.py checks it with this module)."""
     import yaml
 
     from hybridpar.config.recipe import load_recipe

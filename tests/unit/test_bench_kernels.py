@@ -1,0 +1,82 @@
+"""`hybridpar bench kernels`: the timing, the FLOP counts and the GPU file it writes, run on CPU
+(the rates are the CPU's; the GPU figures need a GPU, README "kernels")."""
+import math
+import time
+from dataclasses import replace
+
+import pytest
+import torch
+
+from hybridpar.benchmarks.kernels import attention_tflops, fraction, gpu_file_text, matmul_tflops, seconds_per_call, sweep
+from hybridpar.topology.cost import FLASH_BACKWARD_RATIO, causal_attention_flops, layer_time
+from hybridpar.topology.hardware import get_gpu, load_gpu
+from hybridpar.topology.models import load_model
+from hybridpar.topology.software import HYBRIDPAR
+
+
+def test_seconds_per_call_times_one_call():
+    """A call that sleeps 4 ms is timed at 4 ms (the scheduler may add a little, never subtract)."""
+    t = seconds_per_call(lambda: time.sleep(0.004), 0.1, lambda: None)
+    assert 0.004 <= t < 0.008
+
+
+def test_a_soak_times_the_calls_after_the_device_settled():
+    """A call that takes 6 ms for the first 0.15 s and 2 ms after (as a GPU's clock drops under
+    its power limit, in reverse): timed over 0.6 s leaving out the first half, it is the later 2 ms."""
+    t0 = time.perf_counter()
+    call = lambda: time.sleep(0.006 if time.perf_counter() - t0 < 0.15 else 0.002)
+    t = seconds_per_call(call, 0.6, lambda: None, settle=0.5)
+    assert 0.002 <= t < 0.004
+
+
+def test_matmul_rate_is_its_flops_over_its_time():
+    """On CPU, fp32: the rate of 256^3 is 2 x 256^3 FLOPs over the time torch.mm takes, measured
+    independently here (the two timings agree within 3x, the noise of a shared 2-core machine)."""
+    a, b = torch.randn(256, 256), torch.randn(256, 256)
+    t = seconds_per_call(lambda: torch.mm(a, b), 0.1, lambda: None)
+    rate = matmul_tflops(256, 256, 256, "cpu", torch.float32, 0.1)
+    assert 1 / 3 < rate / (2 * 256**3 / t / 1e12) < 3
+
+
+def test_sweep_covers_every_shape_fastest_first():
+    rows = sweep((32, 64), "cpu", torch.float32, 0.01)
+    assert {(r["m"], r["k"], r["n"]) for r in rows} == {(m, k, n) for m in (32, 64) for k in (32, 64) for n in (32, 64)}
+    assert [r["tflops"] for r in rows] == sorted((r["tflops"] for r in rows), reverse=True)
+    assert all(r["tflops"] > 0 and math.isfinite(r["tflops"]) for r in rows)
+
+
+def test_attention_is_counted_as_the_planner_counts_it(monkeypatch):
+    """The measured attention rate uses the planner's causal FLOPs (half the square) and backward
+    ratio, so a fraction measured this way, put in a GPU file, gives back the measured time in
+    cost.layer_time's attention term."""
+    import hybridpar.benchmarks.kernels as kernels
+
+    monkeypatch.setattr(kernels, "seconds_per_call", lambda fn, seconds, sync: (fn(), 0.5)[1])
+    seq, heads, dim = 64, 2, 16
+    rate = attention_tflops(seq, heads, dim, "cpu", torch.float32, 0.01)
+    assert rate == pytest.approx(causal_attention_flops(1, seq, seq, heads, dim) * (1 + FLASH_BACKWARD_RATIO) / 0.5 / 1e12)
+    # a GPU on which the attention of one Llama 3 8B layer at 8K runs at this fraction ...
+    h100 = get_gpu("h100-80gb")
+    m = load_model("llama3-8b")
+    flops = causal_attention_flops(1, 8192, 8192, m.heads, m.head_dim) * (1 + FLASH_BACKWARD_RATIO)
+    slow = replace(h100, attention_fraction=h100.attention_fraction / 2)
+    args = ("bf16", 8192, 1, 1, 1, True, "none", HYBRIDPAR, 8)
+    base, halved = layer_time(m, h100, *args), layer_time(m, slow, *args)
+    # ... takes exactly the attention's time again at half the fraction
+    attention_s = flops / (h100.bf16_tflops * 1e12 * h100.attention_fraction)
+    assert (halved.fwd + halved.bwd) - (base.fwd + base.bwd) == pytest.approx(attention_s)
+
+
+def test_the_gpu_file_it_writes_is_the_planners(tmp_path):
+    path = tmp_path / "measured.yaml"
+    path.write_text(gpu_file_text("h200-141gb", 0.8234, 0.4611, "measured by a test"))
+    gpu = load_gpu(str(path))
+    h200 = get_gpu("h200-141gb")
+    assert (gpu.gemm_fraction, gpu.attention_fraction) == (0.823, 0.461)
+    assert gpu.memory_gib == h200.memory_gib and gpu.bf16_tflops == h200.bf16_tflops and gpu.sms == h200.sms
+
+
+def test_a_rate_above_the_catalogue_peak_is_written_as_one_with_a_note(capsys):
+    assert fraction(800.0, 989.0, "matmul") == pytest.approx(800 / 989) and capsys.readouterr().err == ""
+    assert fraction(1100.0, 989.0, "matmul") == 1.0
+    assert "matmul measured 1100 TFLOP/s, above the catalogue's 989; written as 1.0" in capsys.readouterr().err

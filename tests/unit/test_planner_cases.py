@@ -1,0 +1,52 @@
+"""Each published run of ../shared/cases, evaluated with its published layout, predicts MFU
+within 15% (relative) of the reported model-FLOPs MFU. Misses are marked xfail(strict) with the
+reason, so that they show up in every run and an improvement that fixes one fails loudly."""
+import pytest
+
+from hybridpar.topology.cases import CASES_PATH, load_cases, predict_case
+
+CASES = load_cases() if CASES_PATH.is_file() else []
+
+KNOWN_MISSES = {
+    "llama3-405b-t4-1": "predicted low by 18%: classic ZeRO-2 reduce-scatters every micro-batch's fp32 gradients "
+                        "over 64 nodes (NCCL's per-step network latency included), and the window that hides them "
+                        "is the ideal 1F1B timeline's; Meta's own FSDP schedule (§3.3.2, tunable N) is not modelled",
+    "llama3-405b-t4-3": "predicted high by 36%: at 128K, 57% of Megatron-convention FLOPs are attention; no term "
+                        "found for the gap (CP K/V all-gather is 4% of the step under GQA; docs/planner.md)",
+    "narayanan21-t1-76.1B": "predicted high by 15.4%: no physical term found for what sets it apart from the "
+                            "other local-DDP rows (+4 to +9%)",
+    # Run with torch DDP (run_table_1.sh DDP=torch): the all-reduce hides behind the last backward,
+    # so these are nearly pure compute, and the compute model's remaining lean shows in full.
+    **{f"narayanan21-t1-{size}": f"predicted high by {err}: torch DDP hides the all-reduce; what remains is "
+       f"compute, which the model still overestimates here (docs/planner.md, what is missing)"
+       for size, err in (("1.7B", "15.1%"), ("7.5B", "15.1%"))},
+}
+
+
+def test_cases_file_is_there():
+    assert len(CASES) == 14, f"expected 14 published runs in {CASES_PATH}"
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(c, id=c["id"], marks=[pytest.mark.xfail(strict=True, reason=KNOWN_MISSES[c["id"]])]
+                 if c["id"] in KNOWN_MISSES else []) for c in CASES])
+def test_published_layout_mfu_within_15_percent(case):
+    predicted = predict_case(case).cost.mfu
+    reported = case["model_flops_mfu"]
+    assert abs(predicted / reported - 1) <= 0.15, f"predicted {predicted:.3f}, reported {reported:.3f}"
+
+
+def test_the_bundled_cases_are_the_projects():
+    """topology/data/public_cases.json is the planner's installed copy of shared/cases: equal where
+    shared/ sits beside the checkout (here, and in CI)."""
+    import json
+    from pathlib import Path
+
+    from hybridpar.topology.cases import CASES_PATH
+
+    shared = Path(__file__).resolve().parents[3] / "shared" / "cases" / "public_cases.json"
+    if not shared.is_file():
+        import pytest
+
+        pytest.skip("no shared/ beside this checkout")
+    assert json.loads(CASES_PATH.read_text()) == json.loads(shared.read_text())

@@ -1,0 +1,302 @@
+"""FLOPs formula against published values; the time model's shape and communication terms."""
+import pytest
+
+from hybridpar.topology.cost import gemm_time, k_efficiency, model_flops_per_seq, nccl_latency, recompute_flops_per_seq, step_cost
+from hybridpar.topology.hardware import get_gpu
+from hybridpar.topology.models import PRESETS, ModelSpec
+from hybridpar.topology.plan import Plan
+
+GPT3 = PRESETS["gpt3-175b"]
+
+
+def test_flops_match_dgx_cloud_examples():
+    # NVIDIA dgxc-benchmarking READMEs (formulas.md §2).
+    assert model_flops_per_seq(PRESETS["llama3-8b"], 8192) == pytest.approx(4.74e14, rel=0.005)
+    assert model_flops_per_seq(GPT3, 2048) == pytest.approx(2.20e15, rel=0.005)
+    nemotron = ModelSpec(96, 18432, 73728, 96, 8, 256000, "gelu", "nemotron4-340b")
+    assert model_flops_per_seq(nemotron, 4096) == pytest.approx(8.62e15, rel=0.005)
+
+
+def test_full_recompute_adds_one_forward():
+    m = PRESETS["llama3-70b"]
+    extra = recompute_flops_per_seq(m, 8192, "full")
+    logits = 6 * m.vocab * m.hidden * 8192
+    assert extra == pytest.approx((model_flops_per_seq(m, 8192) - logits) / 3)
+    assert recompute_flops_per_seq(m, 8192, "selective", flash=True) == 0
+    assert recompute_flops_per_seq(m, 8192, "selective", flash=False) > 0
+
+
+def test_gemm_efficiency_falls_with_size_and_quantises_in_waves():
+    h100 = get_gpu("h100-80gb")
+    peak = h100.bf16_tflops * 1e12
+    rate = lambda m, k, n: 2 * m * k * n / gemm_time(m, k, n, h100, peak) / peak
+    assert rate(8192, 8192, 8192) == pytest.approx(h100.gemm_fraction, rel=0.05)
+    assert rate(128, 8192, 1024) < 0.5 * rate(8192, 8192, 8192)  # small TP-split / micro-batch GEMM
+    # One tile past a full wave costs a whole extra wave: 8448 x 512 is 66 x 2 = 132 tiles of 128 x 256,
+    # one wave on H100's 132 SMs; one more column (n = 513) needs 66 x 3 = 198 tiles, two waves, and no
+    # other tile shape does better (128 x 128: 330 tiles, 3 waves at 3/4 of the rate). Both shapes
+    # are compute-bound (512 FLOPs per byte of HBM traffic), so the time doubles exactly.
+    assert gemm_time(128 * 66, 4096, 513, h100, peak) == pytest.approx(2 * gemm_time(128 * 66, 4096, 512, h100, peak),
+                                                                        rel=1e-9)
+
+
+# Measured bf16 GEMM throughput on sm_90 (Hopper), TFLOP/s, for batch x (m x k) @ (k x n): OpenXLA's
+# default matmul performance table (xla/service/gpu/model/matmul_interpolator_data.h, 2025, key
+# "sm_90", "bf16xbf16->bf16"), a kernel microbenchmark, not a training run.
+XLA_SM90_BF16 = [  # (batch, m, n, k, TFLOP/s)
+    (1, 4096, 4096, 4096, 783.3), (2, 4096, 4096, 4096, 807.7), (4, 4096, 4096, 4096, 793.1),
+    (1, 4096, 4096, 2048, 738.7), (2, 4096, 4096, 2048, 763.0), (1, 4096, 1024, 4096, 738.5),
+    (2, 4096, 1024, 4096, 750.6), (4, 4096, 1024, 4096, 777.6), (2, 4096, 2048, 4096, 783.2),
+    (4, 4096, 2048, 4096, 808.7), (4, 4096, 512, 4096, 728.6), (2, 2048, 2048, 2048, 717.7),
+    (4, 2048, 2048, 2048, 725.7),
+    # outside the training regime: short inner dimension, or too few tiles for the 132 SMs
+    (1, 4096, 4096, 512, 543.1), (1, 4096, 4096, 256, 392.2), (1, 1024, 2048, 2048, 524.3),
+    (1, 256, 4096, 4096, 412.0),
+]
+
+
+def test_gemm_model_matches_every_measured_hopper_gemm():
+    """The roofline (MAMF, wave quantisation over the best of the tile shapes, the short-K cost) is
+    within 8% of each of OpenXLA's measurements, the short inner dimensions and the shapes with fewer
+    large tiles than SMs included (before the short-K cost and the smaller tiles it was 40-65%
+    optimistic on the first and 27-53% pessimistic on the second)."""
+    h100 = get_gpu("h100-80gb")
+    peak = h100.bf16_tflops * 1e12
+    for b, m, n, k, measured in XLA_SM90_BF16:
+        predicted = 2 * b * m * n * k / gemm_time(m, k, n, h100, peak, b) / 1e12
+        assert predicted == pytest.approx(measured, rel=0.08), (b, m, n, k)
+
+
+def test_short_inner_dimensions_pay_a_fixed_cost_per_tile():
+    assert k_efficiency(4096) == k_efficiency(16384) == 1.0
+    assert k_efficiency(256) < k_efficiency(512) < k_efficiency(2048) < 1.0
+    assert k_efficiency(256) == pytest.approx((256 / 512) / (4096 / 4352))
+
+
+def _plan(**kw):
+    base = dict(model=PRESETS["llama3-70b"], seq_len=8192, global_batch=256, tp=8, pp=4, dp=2,
+                micro_batch=1, zero_stage=1, sequence_parallel=True)
+    base.update(kw)
+    return Plan(**base)
+
+
+def test_bubble_follows_p_minus_one_over_vm():
+    c1 = step_cost(_plan())
+    m = 256 // 2
+    per_mb = (c1.step_time_s - c1.bubble_s - c1.dp_s - c1.optimizer_s) / m
+    assert c1.bubble_s == pytest.approx(3 * per_mb, rel=1e-6)
+    c2 = step_cost(_plan(vpp=2))  # interleaved: (p - 1)/v = 3/2 micro-batches of bubble
+    per_mb2 = (c2.step_time_s - c2.bubble_s - c2.dp_s - c2.optimizer_s) / m
+    assert c2.bubble_s == pytest.approx(3 / 2 * per_mb2, rel=1e-6)
+
+
+def test_tp_collectives_slow_down_across_nodes():
+    inside = step_cost(_plan(tp=8, pp=4, dp=2, gpus_per_node=8))
+    across = step_cost(_plan(tp=8, pp=4, dp=2, gpus_per_node=4))
+    assert across.tp_s > 5 * inside.tp_s
+    assert step_cost(_plan(tp=1, pp=8, dp=8, global_batch=256, zero_stage=3)).tp_s == 0
+
+
+def test_dp_ring_cost_grows_toward_2x_bytes(monkeypatch):
+    from hybridpar.topology import cost as topology_cost
+
+    monkeypatch.setattr(topology_cost, "NCCL_BASE_LAT_S", 0.0)  # the bandwidth term alone (DP is not cached)
+    monkeypatch.setattr(topology_cost, "NCCL_HOP_LAT_S", {"nvlink": 0.0, "network": 0.0})
+    from hybridpar.topology.cost import LINK_EFFICIENCY
+    from hybridpar.topology.software import MEGATRON_2021
+    from hybridpar.topology.stages import params_per_rank, stages
+
+    plan = _plan(dp=2, global_batch=256)
+    two = step_cost(plan, MEGATRON_2021).dp_s
+    # Megatron-LM 2021 all-reduces the fp16 gradients after the flush, not overlapped: a ring
+    # all-reduce over 2 ranks moves 2 x (2 - 1)/2 of the largest stage's gradient bytes over the
+    # network (a replica spans 4 nodes, so DP peers sit on different nodes).
+    grads = 2 * max(params_per_rank(plan, s) for s in stages(plan))
+    assert two == pytest.approx(2 * (1 / 2) * grads / (get_gpu("h100-80gb").network_gbps * 1e9 * LINK_EFFICIENCY),
+                                rel=1e-9)
+    many = step_cost(_plan(dp=64, global_batch=256), MEGATRON_2021).dp_s
+    assert many / two == pytest.approx((63 / 64) / (1 / 2), rel=1e-6)
+
+
+def test_every_collective_call_pays_nccls_latency():
+    """NCCL's tuning model (Ring/Simple): 8.4 us per call, 3.4 us per NVLink ring step, 9.6 us per
+    step across nodes, 1.9x for a multi-node ring all-reduce."""
+    assert nccl_latency(2 * 7, 8, 1, allreduce=True) == pytest.approx(8.4e-6 + 14 * 3.4e-6)
+    assert nccl_latency(63, 64, 64) == pytest.approx(8.4e-6 + 63 * 9.6e-6)
+    assert nccl_latency(2 * 15, 16, 2, allreduce=True) == pytest.approx(1.9 * (8.4e-6 + 28 * 3.4e-6 + 2 * 9.6e-6))
+    assert nccl_latency(0, 1, 1) == 0
+    # a small TP all-reduce is latency-bound: 8 ranks, 64 tokens of a 4096 hidden size
+    tiny = _plan(model=PRESETS["llama3-8b"], seq_len=64, global_batch=2, tp=8, pp=1, dp=1, sequence_parallel=False)
+    assert step_cost(tiny).tp_s > 4 * 2 * 32 * nccl_latency(14, 8, 1, allreduce=True)
+
+
+def test_mfu_is_model_flops_over_peak():
+    c = step_cost(_plan())
+    gpu = get_gpu("h100-80gb")
+    assert c.mfu == pytest.approx(c.model_flops / c.step_time_s / 64 / (gpu.bf16_tflops * 1e12))
+    assert 0.2 < c.mfu < gpu.gemm_fraction
+
+
+def test_overlapped_dp_reduction_exposes_its_last_bucket():
+    """ZeRO-0 in one node, a long backward: the all-reduce issued from the last backward hides
+    behind it except the last 40M-element bucket (the first layers'), complete only at its end."""
+    from dataclasses import replace
+
+    from hybridpar.topology.cost import GRAD_BUCKET_NUMEL
+    from hybridpar.topology.software import HYBRIDPAR
+    from hybridpar.topology.stages import params_per_rank, stages
+
+    plan = Plan(model=PRESETS["llama3-8b"], seq_len=8192, global_batch=16, tp=4, dp=2, micro_batch=4,
+                zero_stage=0, sequence_parallel=True)
+    after = step_cost(plan, replace(HYBRIDPAR, overlap_grad_reduce=False)).dp_s
+    during = step_cost(plan, HYBRIDPAR).dp_s
+    n = max(params_per_rank(plan, s) for s in stages(plan))
+    assert after > 0 and during == pytest.approx(after * GRAD_BUCKET_NUMEL / n, rel=1e-9)
+
+
+def _megatron_order(p: int, rank: int, m: int, v: int) -> list[tuple[str, int, int]]:
+    """(kind, model chunk, micro-batch) in the order megatron-core's schedules run them on rank:
+    warm-up forwards, 1F1B pairs, cool-down backwards; interleaved: groups of p micro-batches per
+    chunk, backwards from the last chunk."""
+    total = m * v
+    if v == 1:
+        warmup = min(p - rank - 1, m)
+    else:
+        warmup = min(2 * (p - rank - 1) + (v - 1) * p, total)
+    fwd = lambda k: ("F", (k // p) % v, (k // (p * v)) * p + k % p)
+    bwd = lambda k: ("B", v - 1 - (k // p) % v, (k // (p * v)) * p + k % p)
+    ops = [fwd(k) for k in range(warmup)]
+    for k in range(warmup, total):
+        ops += [fwd(k), bwd(k - warmup)]
+    return ops + [bwd(k) for k in range(total - warmup, total)]
+
+
+def _simulate(p: int, m: int, v: int, f: float, b: float) -> tuple[float, float]:
+    """Ideal timeline (no communication time): returns (step, first pipeline rank's first
+    backward start)."""
+    orders = [_megatron_order(p, r, m, v) for r in range(p)]
+    done, clock, nxt = {}, [0.0] * p, [0] * p
+    moved = True
+    while moved:
+        moved = False
+        for r in range(p):
+            while nxt[r] < len(orders[r]):
+                kind, c, i = orders[r][nxt[r]]
+                if kind == "F":
+                    dep = ("F", r - 1, c, i) if r else (("F", p - 1, c - 1, i) if c else None)
+                else:
+                    dep = ("B", r + 1, c, i) if r < p - 1 else (("B", 0, c + 1, i) if c < v - 1 else ("F", r, c, i))
+                if dep is not None and dep not in done:
+                    break
+                start = max(clock[r], done[dep] if dep else 0.0)
+                clock[r] = start + (f if kind == "F" else b) / v
+                done[(kind, r, c, i)] = clock[r]
+                nxt[r] += 1
+                moved = True
+    assert all(nxt[r] == len(orders[r]) for r in range(p)), "schedule deadlocked"
+    first_bwd = min(t for (kind, r, _, _), t in done.items() if kind == "B" and r == 0) - b / v
+    return max(clock), first_bwd
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 1), (16, 32, 1), (16, 16, 1), (4, 8, 2), (16, 32, 2),
+                                   (16, 32, 8), (16, 16, 8), (8, 24, 3)])
+def test_reduction_window_matches_a_simulated_schedule(p, m, v):
+    from hybridpar.topology.cost import after_first_backward
+    f, b = 1.0, 2.1
+    step, first_bwd = _simulate(p, m, v, f, b)
+    assert step == pytest.approx(m * (f + b) + (p - 1) / v * (f + b))
+    assert step - first_bwd == pytest.approx(after_first_backward(m, f + b, f, p, v))
+
+
+def test_classic_zero2_reduce_scatters_hide_behind_later_micro_batches():
+    from dataclasses import replace
+
+    from hybridpar.topology.software import MEGATRON_CORE
+    # Llama 3 405B, TP8 PP16 DP64, 32 micro-batches: each fp32 reduce-scatter (0.31 s) outlasts
+    # its own micro-batch's backward but the stream of 32 is mostly hidden by those that follow.
+    plan = Plan(PRESETS["llama3-405b"], 8192, 2048, tp=8, pp=16, dp=64, micro_batch=1, zero_stage=2,
+                sequence_parallel=True, lighter_end_stages=True)
+    one_at_a_time = step_cost(plan, replace(MEGATRON_CORE, overlap_grad_reduce=False)).dp_s
+    streamed = step_cost(plan, MEGATRON_CORE).dp_s
+    cost = step_cost(plan, MEGATRON_CORE)
+    assert one_at_a_time > 9.0  # 32 x 0.31 s, all exposed
+    # hidden at most behind all the step's compute and NVLink time, and at least two thirds hidden
+    assert one_at_a_time - cost.compute_s - cost.tp_s < streamed < one_at_a_time / 3
+    zero1 = step_cost(replace(plan, zero_stage=1), MEGATRON_CORE).dp_s
+    assert streamed > zero1  # 32 reduce-scatters instead of one
+
+
+def test_zero_group_of_cp_ranks_inside_a_node_runs_on_nvlink():
+    from dataclasses import replace
+    # TP4 x CP2 without DP: ZeRO's group is the two CP ranks, inside an 8-GPU node, not across a
+    # 4-GPU one.
+    plan = Plan(PRESETS["llama3-70b"], 8192, 64, tp=4, cp=2, pp=4, dp=1, micro_batch=1, zero_stage=1,
+                sequence_parallel=True)
+    inside = step_cost(plan).dp_s
+    across = step_cost(replace(plan, gpus_per_node=4)).dp_s
+    assert 0 < inside < across / 5
+
+
+def test_unfused_gradient_accumulation_costs_its_bytes_every_micro_batch():
+    from dataclasses import replace
+
+    from hybridpar.topology.cost import hbm_time
+    from hybridpar.topology.software import DEEPSPEED_BF16_PIPE, GRAD_ADD_CAST_COPY, GRAD_ADD_MIXED, MEGATRON_2021
+    from hybridpar.topology.stages import params_per_rank, stages
+    # BLOOM's layout: DeepSpeed's BF16_Optimizer casts each bf16 gradient to an fp32 temporary
+    # before adding it (18 B/param), Megatron-LM 2021 adds with an on-the-fly cast (10 B/param).
+    m = ModelSpec(70, 14336, 57344, 112, 112, 250880, "gelu", "bloom", tied_embeddings=True)
+    plan = Plan(m, 2048, 2048, tp=4, pp=12, dp=8, micro_batch=2, zero_stage=1, recompute="full",
+                gpu="a100-80gb", lighter_end_stages=True)
+    a100 = get_gpu("a100-80gb")
+    n_params = max(params_per_rank(plan, s) for s in stages(plan))
+    fused = step_cost(plan, replace(DEEPSPEED_BF16_PIPE, grad_accum_bytes_per_param=0), a100)
+    for sw, nbytes in [(DEEPSPEED_BF16_PIPE, GRAD_ADD_CAST_COPY), (MEGATRON_2021, GRAD_ADD_MIXED)]:
+        assert sw.grad_accum_bytes_per_param == nbytes
+    cast_copy = step_cost(plan, DEEPSPEED_BF16_PIPE, a100)
+    per_mb = hbm_time(18 * n_params, a100)
+    # every micro-batch pays it, and the pipeline's fill and drain stretch with the longer backward
+    expected = (plan.grad_accum + (plan.pp - 1) / plan.vpp) * per_mb
+    assert cast_copy.step_time_s - fused.step_time_s == pytest.approx(expected, rel=0.05)
+    assert 5.0 < expected < 6.5  # 4.0B parameters on an end stage, 128 micro-batches + 11 of fill and drain
+
+
+def test_torch_ddp_hides_the_all_reduce_behind_the_last_backward():
+    """Narayanan et al.'s 1.7B-18B runs used torch DDP (examples/sc21/run_table_1.sh DDP=torch):
+    its bucketed all-reduce overlaps the last micro-batch's backward, where Megatron's local DDP
+    all-reduces after the schedule. The same layout differs by (nearly) the whole DP time, and
+    fp16 gradients accumulate in place (6 B/param), not into an fp32 main grad (10 B/param)."""
+    from hybridpar.topology.software import MEGATRON_2021, MEGATRON_2021_TORCH_DDP
+
+    m = ModelSpec(24, 2304, 9216, 24, 24, 51200, "gelu", "gpt-1.7b", tied_embeddings=True)
+    plan = Plan(m, 2048, 512, tp=1, pp=1, dp=32, micro_batch=16, zero_stage=0, recompute="full", precision="fp16",
+                gpu="a100-80gb")
+    local, torch_ddp = step_cost(plan, MEGATRON_2021), step_cost(plan, MEGATRON_2021_TORCH_DDP)
+    assert local.dp_s > 0.25  # 3.4 GB of fp16 gradients, ring over 32 GPUs on 4 nodes' InfiniBand
+    assert torch_ddp.dp_s < 0.05 * local.dp_s
+    assert torch_ddp.step_time_s < local.step_time_s - 0.9 * local.dp_s
+
+
+def test_flash_attention_rate_follows_sequence_length_and_head_dimension():
+    from hybridpar.topology.cost import attention_shape_factor
+
+    assert attention_shape_factor(8192, 128) == 1.0 == attention_shape_factor(131072, 128)
+    assert attention_shape_factor(512, 128) == pytest.approx((512 / 768) / (8192 / 8448))
+    assert attention_shape_factor(8192, 64) == pytest.approx(0.85)
+    assert attention_shape_factor(2048, 64) < attention_shape_factor(2048, 128) < 1
+
+
+def test_megatron_lm_2022_is_2021_with_sequence_parallelism_and_selective_recomputation():
+    """Korthikanti et al. 2022's stack: GPT-3 175B at TP8 PP8 with SP and selective recomputation is
+    faster than Megatron-LM 2021's full recomputation of the same layout, and ZeRO-2 is not part of it."""
+    from hybridpar.topology.search import Request, search
+    from hybridpar.topology.software import MEGATRON_2021, PROFILES
+
+    sw = PROFILES["megatron-lm-2022"]
+    assert sw.sequence_parallel and "selective" in sw.recompute_modes and not sw.flash_attention
+    pins = {"tp": 8, "pp": 8, "cp": 1, "dp": 1, "micro_batch": 1, "vpp": 1, "zero_stage": 0}
+    new = search(Request(GPT3, 64, 64, 2048, gpu="a100-80gb", software=sw, pins={**pins, "recompute": "selective"}))
+    old = search(Request(GPT3, 64, 64, 2048, gpu="a100-80gb", software=MEGATRON_2021, pins={**pins, "recompute": "full"}))
+    assert new.plans[0].plan.sequence_parallel and new.plans[0].cost.step_time_s < 0.9 * old.plans[0].cost.step_time_s
+    with pytest.raises(Exception, match="ZeRO-2 is not part of Megatron-LM 2022"):
+        search(Request(GPT3, 64, 64, 2048, gpu="a100-80gb", software=sw, pins={"zero_stage": 2}))

@@ -1,0 +1,152 @@
+"""Memory model: ZeRO arithmetic, Korthikanti's activation formulas, largest stage decides."""
+from dataclasses import replace
+
+import pytest
+
+from hybridpar.topology.memory import CUDA_CONTEXT_BYTES, LOGIT_BYTES, NCCL_CHANNEL_BYTES, PARTS, TIGHT_MARGIN, layer_activation_bytes, model_state_bytes, plan_memory, stage_memory
+from hybridpar.topology.models import PRESETS, ModelSpec
+from hybridpar.topology.plan import Plan
+from hybridpar.topology.software import DEEPSPEED_BF16_PIPE, HYBRIDPAR, MEGATRON_2021, MEGATRON_CORE
+from hybridpar.topology.stages import stages
+
+
+@pytest.mark.parametrize("zero, expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
+def test_zero_paper_example(zero, expected_gb):
+    # Rajbhandari et al. 2020, Figure 1: 7.5B parameters, N_d = 64.
+    total = sum(model_state_bytes(7.5e9, 64, zero)) / 1e9
+    assert total == pytest.approx(expected_gb, abs=0.06)
+
+
+def test_zero3_shrinks_to_one_over_dp():
+    for dp in (1, 8, 64, 1024):
+        assert sum(model_state_bytes(1e9, dp, 3)) == pytest.approx(16e9 / dp)
+    assert model_state_bytes(1e9, 8, 2, fp32_grads=True)[1] == pytest.approx(4e9 / 8)
+
+
+def _gpt(a=96, h=12288, layers=96):
+    return ModelSpec(layers, h, 4 * h, a, a, 51200, "gelu", "gpt")
+
+
+@pytest.mark.parametrize("t", [1, 2, 8])
+def test_korthikanti_tp_without_sp(t):
+    m, s, b = _gpt(), 2048, 1
+    plan = Plan(m, s, 8, tp=t, micro_batch=b)
+    expected = s * b * m.hidden * (10 + 24 / t + 5 * m.heads * s / (m.hidden * t))
+    assert layer_activation_bytes(plan, MEGATRON_2021) == pytest.approx(expected)
+
+
+def test_korthikanti_sp_selective_and_full():
+    m, s, t = _gpt(), 2048, 8
+    sp = Plan(m, s, 8, tp=t, sequence_parallel=True)
+    assert layer_activation_bytes(sp, MEGATRON_2021) == pytest.approx(s * m.hidden / t * (34 + 5 * m.heads * s / m.hidden))
+    sel = sp.with_(recompute="selective")
+    assert layer_activation_bytes(sel, MEGATRON_2021) == pytest.approx(34 * s * m.hidden / t)
+    full = sp.with_(recompute="full")
+    assert layer_activation_bytes(full, MEGATRON_2021) == pytest.approx(2 * s * m.hidden / t)
+    # FlashAttention never stores the scores: as small as selective recomputation, plus its fp32
+    # logsumexp per head and token (what its backward reads instead of the softmax).
+    flash = MEGATRON_2021.__class__(dropout=True)
+    assert layer_activation_bytes(sp, flash) == pytest.approx(34 * s * m.hidden / t + 4 * m.heads * s / t)
+
+
+def test_cp_splits_activations():
+    m = PRESETS["llama3-70b"]
+    one = layer_activation_bytes(Plan(m, 8192, 64, tp=8, sequence_parallel=True), HYBRIDPAR)
+    four = layer_activation_bytes(Plan(m, 8192, 64, tp=8, cp=4, sequence_parallel=True), HYBRIDPAR)
+    assert four == pytest.approx(one / 4)
+
+
+def test_first_stage_holds_pp_micro_batches_and_interleaving_adds():
+    m = PRESETS["llama3-70b"]
+    base = Plan(m, 8192, 512, tp=8, pp=8, dp=4, sequence_parallel=True)
+    first, *_, last = stages(base)
+    a_first = stage_memory(base, first).activations
+    a_last = stage_memory(base, last).activations
+    per_layer = layer_activation_bytes(base, HYBRIDPAR)
+    assert a_first >= 8 * first.layers * per_layer  # p micro-batches in flight
+    assert a_last < a_first
+    inter = base.with_(vpp=2)
+    # Korthikanti: x (1 + (p - 1)/(p v)) on the first stage.
+    ratio = stage_memory(inter, first).activations / a_first
+    assert ratio == pytest.approx(1 + 7 / 16, rel=0.02)
+
+
+def test_largest_stage_decides_and_the_parts_add_up_to_the_total():
+    m = PRESETS["llama3-8b"]
+    plan = Plan(m, 8192, 64, tp=1, pp=4, dp=2, zero_stage=1)
+    totals = [stage_memory(plan, s).total for s in stages(plan)]
+    assert plan_memory(plan).total == max(totals)
+    for s in stages(plan):
+        mem = stage_memory(plan, s)
+        assert sum(getattr(mem, k) for k in PARTS) == pytest.approx(mem.total)
+        assert sum(v for k, v in mem.gib().items() if k != "total") == pytest.approx(mem.gib()["total"], abs=0.06)
+        assert mem.cuda_context == CUDA_CONTEXT_BYTES and mem.nccl > 0
+
+
+def test_each_communicator_adds_its_nccl_buffers_and_the_network_ones_are_smaller():
+    m = PRESETS["llama3-70b"]
+    alone = plan_memory(Plan(m, 8192, 64, tp=8, pp=1, dp=1, sequence_parallel=True)).nccl
+    with_dp = plan_memory(Plan(m, 8192, 64, tp=8, pp=1, dp=8, sequence_parallel=True)).nccl
+    with_pp = plan_memory(Plan(m, 8192, 64, tp=8, pp=8, dp=1, sequence_parallel=True)).nccl
+    assert alone == pytest.approx(2 * 32 * NCCL_CHANNEL_BYTES)  # TP and world, both inside the node
+    # TP inside the node; DP (or PP) and the world group ring over the network, with fewer channels
+    assert with_dp == with_pp == pytest.approx((32 + 4 + 4) * NCCL_CHANNEL_BYTES)
+    tied = Plan(replace(_gpt(64, 8192, 80), tied_embeddings=True), 2048, 64, tp=8, pp=8, dp=1, sequence_parallel=True)
+    first, middle, _ = stages(tied)
+    assert stage_memory(tied, first).nccl - stage_memory(tied, middle).nccl == pytest.approx(4 * NCCL_CHANNEL_BYTES)
+
+
+def test_logits_on_the_last_stage_only_six_bytes_each():
+    m = PRESETS["llama3-8b"]
+    plan = Plan(m, 8192, 64, tp=2, pp=4, dp=2, micro_batch=2, sequence_parallel=True)
+    first, middle, last = stages(plan)
+    assert stage_memory(plan, first).logits == stage_memory(plan, middle).logits == 0
+    assert stage_memory(plan, last).logits == pytest.approx(LOGIT_BYTES * 2 * 8192 * m.vocab / 2)
+
+
+def test_deepspeed_pipeline_keeps_each_in_flight_output():
+    m = _gpt(64, 14336, 72)
+    plan = Plan(m, 2048, 2048, tp=8, pp=12, dp=4, micro_batch=4, zero_stage=1, recompute="full")
+    first = stages(plan)[0]
+    ds = stage_memory(plan, first, DEEPSPEED_BF16_PIPE).pipeline_buffers
+    mega = stage_memory(plan, first, MEGATRON_2021).pipeline_buffers
+    assert ds - mega == pytest.approx(12 * 4 * 2048 * 14336 * 2)  # 12 micro-batches in flight on stage 0
+
+
+def test_the_optimizer_step_temporary_counts_only_beyond_the_activations_it_reuses():
+    m = PRESETS["llama3-8b"]
+    small = Plan(m, 128, 8, tp=1, pp=1, dp=8, zero_stage=1)  # tiny activations: the step's temporaries decide
+    mem = plan_memory(small, HYBRIDPAR)
+    shard = m.total_params / 8
+    dynamic = mem.activations + mem.logits + mem.pipeline_buffers
+    assert mem.optimizer_step_temp == pytest.approx(8 * shard - dynamic, rel=0.01)
+    assert plan_memory(small, MEGATRON_CORE).optimizer_step_temp == 0  # FusedAdam steps in place
+    big = Plan(m, 8192, 64, tp=1, pp=1, dp=8, zero_stage=1)
+    assert plan_memory(big, HYBRIDPAR).optimizer_step_temp == 0
+
+
+def test_a_plan_near_capacity_is_tight():
+    mem = plan_memory(Plan(PRESETS["llama3-8b"], 8192, 64, dp=8, zero_stage=1))
+    assert mem.tight(mem.total / (1 - TIGHT_MARGIN / 2))
+    assert not mem.tight(mem.total / (1 - 2 * TIGHT_MARGIN))
+
+
+def test_embedding_on_first_and_output_on_last():
+    m = PRESETS["llama3-8b"]
+    plan = Plan(m, 8192, 64, tp=2, pp=4, dp=2, zero_stage=0)
+    first, middle, last = stages(plan)
+    assert first.layers == middle.layers == last.layers == 8
+    p_first, p_mid, p_last = (stage_memory(plan, s).params for s in (first, middle, last))
+    # bf16 weights (2 bytes), TP2: the first stage adds its half of the input embedding, the last
+    # its half of the (untied) output layer and the whole final RMSNorm weight (hidden elements).
+    assert not m.tied_embeddings
+    assert p_first - p_mid == 2 * m.vocab * m.hidden / 2
+    assert p_last - p_mid == 2 * (m.vocab * m.hidden / 2 + m.hidden)
+
+
+def test_lighter_end_stages_split_llama3_405b():
+    m = PRESETS["llama3-405b"]
+    plan = Plan(m, 8192, 2048, tp=8, pp=16, dp=128, lighter_end_stages=True)
+    assert not plan.violations()
+    assert [s.layers for s in stages(plan)] == [7, 8, 7]
+    assert Plan(m, 8192, 2048, tp=8, pp=16, dp=128).violations()  # 126 does not divide by 16

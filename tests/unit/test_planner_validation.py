@@ -1,0 +1,124 @@
+"""Out-of-sample check: published runs the planner was not built on (topology/data/validation_runs.json:
+NVIDIA DGX Cloud benchmark recipes on H100, and BigScience's sweep of 19 layouts of one 181B model on
+384 A100s, 3 of which ran out of memory), each evaluated with its published layout through
+topology.cases. Timed runs predict MFU within 15% (relative, the tolerance the public cases get in
+test_planner_cases.py) of the reported throughput converted to model-FLOPs MFU; memory verdicts match what happened; the sweep's layouts rank as measured. Misses
+are xfail(strict) with the reason, as in test_planner_cases.py; docs/planner.md has the table."""
+import pytest
+
+from hybridpar.topology.cases import CASES_PATH, VALIDATION_PATH, load_cases, predict_case
+from hybridpar.topology.cost import model_flops_per_seq
+from hybridpar.topology.hardware import get_gpu
+from hybridpar.topology.models import ModelSpec
+from hybridpar.topology import validation
+
+TOLERANCE = 0.15  # as for the public cases (test_planner_cases.py)
+RUNS = load_cases(VALIDATION_PATH)
+TIMED = [r for r in RUNS if r.get("outcome", "ran") == "ran"]
+
+_TP8_SWEEP = ("predicted high by 20-24%: the sweep's TP=8 rows (hidden/TP 1792) lean +12 to +24%, its TP=4 rows "
+              "+3 to +10%, its TP=2 rows -4 to -8%; the shape terms modelled (short-K GEMMs, NCCL latency) move "
+              "them the right way but not far enough (docs/planner.md, what is missing)")
+KNOWN_MISSES = {
+    **{f"bloom-sweep-{k}": _TP8_SWEEP for k in (
+        "tp8-pp6-dp8-mb6", "tp8-pp12-dp4-mb2", "tp8-pp4-dp12-mb2", "tp8-pp2-dp24-mb1", "tp8-pp2-dp24-mb2")},
+    "nemo2409-llama31-8b-8": "predicted high by 19%: on one node nearly nothing is exposed (DP and CP inside NVLink), "
+                             "so the step is the compute model's, which leans +12% on the same layout at 128 GPUs "
+                             "(nemo2409-llama31-8b-128); no term found for the rest (docs/planner.md, what is missing)",
+}
+# Layouts that trained but are predicted not to fit, with what the memory model lacks for them.
+KNOWN_REFUSED = {
+    "nemo2409-llama31-8b-8": "80.0 GiB predicted: NeMo's fused cross-entropy and TE kernels keep less than the "
+                             "logits and activations counted here (not modelled per stack)",
+    "nemo2409-llama31-405b-576": "apex distributed_fused_adam (the run's config) shards the fp32 gradients and keeps "
+                                 "16-bit master remainders; the megatron-core profile holds the full fp32 gradients",
+    "nemo2411-nemotron4-340b-128": "the run reduces gradients in bf16 and keeps optimizer state in bf16 "
+                                   "(grad_sync_dtype, dtype: bf16); the profile counts fp32",
+    "bloom-sweep-tp8-pp2-dp24-mb2": "81.4 GiB predicted, 76 GB published: activations of full recomputation at "
+                                    "micro-batch 2 with no sequence parallelism over-counted by a few GiB",
+}
+
+
+def _mark(run_id, misses):
+    return [pytest.mark.xfail(strict=True, reason=misses[run_id])] if run_id in misses else []
+
+
+def test_runs_have_sources_and_none_is_a_public_case():
+    assert len(TIMED) >= 20 and len(RUNS) - len(TIMED) >= 3
+    assert all(r["source"].startswith("https://") and r["precision"] == "bf16" for r in RUNS)
+    if CASES_PATH.is_file():
+        assert not {r["id"] for r in RUNS} & {c["id"] for c in load_cases()}
+
+
+@pytest.mark.parametrize("run", TIMED, ids=[r["id"] for r in TIMED])
+def test_reported_mfu_matches_reported_step_time(run):
+    """model_flops_mfu is the published step time restated in the planner's FLOP convention."""
+    m = ModelSpec(run["layers"], run["hidden"], run["ffn_hidden"], run["heads"], run["kv_heads"],
+                  run["vocab"], run["mlp"], run["id"])
+    flops = model_flops_per_seq(m, run["seq_len"]) * run["global_batch_seqs"]
+    peak = get_gpu(run["gpu"].lower()).bf16_tflops * 1e12
+    mfu = flops / run["reported_step_time_s"] / run["num_gpus"] / peak
+    assert mfu == pytest.approx(run["model_flops_mfu"], abs=1e-3)
+
+
+@pytest.mark.parametrize("run", [pytest.param(r, id=r["id"], marks=_mark(r["id"], KNOWN_MISSES)) for r in TIMED])
+def test_published_layout_mfu_within_tolerance(run):
+    predicted = predict_case(run).cost.mfu
+    reported = run["model_flops_mfu"]
+    assert abs(predicted / reported - 1) <= TOLERANCE, f"predicted {predicted:.3f}, reported {reported:.3f}"
+
+
+@pytest.mark.parametrize("run", [pytest.param(r, id=r["id"], marks=_mark(r["id"], KNOWN_REFUSED)) for r in RUNS])
+def test_memory_verdict_matches_what_happened(run):
+    """A layout that trained is predicted to fit; one that ran out of memory is predicted not to."""
+    e = predict_case(run)
+    assert e.fits == (run.get("outcome", "ran") == "ran"), f"{e.memory.total / 2**30:.1f} GiB predicted"
+
+
+@pytest.mark.xfail(strict=True, reason="Spearman 0.29: the TP=8 layouts are predicted fastest, measured slowest "
+                                       "(the per-GPU shape terms of docs/planner.md do not yet separate them)")
+def test_layouts_of_one_sweep_rank_as_measured():
+    assert validation.summary().sweeps["bloom-tr11-2022-02-25"] >= 0.6
+
+
+@pytest.mark.xfail(strict=True, reason="median |error| 11.6%, bias +11.6%: docs/planner.md lists what is modelled "
+                                       "and what is still missing")
+def test_issue_goal_median_error_within_10_percent_and_bias_within_5():
+    s = validation.summary()
+    assert s.median_abs_error <= 0.10 and abs(s.signed_bias) <= 0.05
+
+
+def test_summary_is_the_rows_statistics():
+    rows = validation.checks()
+    errors = sorted(r.error for r in rows if r.error is not None)
+    s = validation.summary()
+    assert s.timed == len(errors) and s.signed_bias == pytest.approx(errors[len(errors) // 2] if len(errors) % 2
+                                                                     else (errors[len(errors) // 2 - 1] + errors[len(errors) // 2]) / 2)
+    assert s.memory_right == sum(r.fits == r.ran for r in rows)
+    lo, hi = s.ratio_range
+    ratios = sorted(1 / (1 + e) for e in errors)
+    assert ratios[0] <= lo <= hi <= ratios[-1]
+
+
+def test_spearman():
+    assert validation.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1)
+    assert validation.spearman([1, 2, 3, 4], [4, 3, 2, 1]) == pytest.approx(-1)
+
+
+@pytest.mark.parametrize("mfu, step", [(0.47, 5.0), (0.9, 1.0), (0.05, 100.0)])
+def test_ranges_hold_the_prediction(mfu, step):
+    lo, hi = validation.mfu_range(mfu)
+    assert lo <= mfu <= hi and lo < hi
+    slo, shi = validation.step_time_range(step)
+    assert slo <= step <= shi and slo < shi
+
+
+def test_outside_the_validated_region_says_which_axis():
+    inside = validation.outside_validated_region(405e9, "h100-80gb", 2048, 8192)
+    assert inside is None
+    note = validation.outside_validated_region(405e9, "b200-180gb", 2048, 8192)
+    assert note.startswith("outside the validated region") and "b200-180gb" in note and "model size" not in note
+    assert "model size" in validation.outside_validated_region(5e12, "h100-80gb", 2048, 8192)
+    assert "sequence length" in validation.outside_validated_region(405e9, "h100-80gb", 2048, 1_048_576)
+    assert "hidden/TP" in validation.outside_validated_region(405e9, "h100-80gb", 64, 8192)
+    assert validation.outside_validated_region(405e9, "h100-80gb (mine)", 2048, 8192) is None

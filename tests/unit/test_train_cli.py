@@ -1,0 +1,109 @@
+"""`hybridpar train` in-process: recipe loading, the LR schedule, and bad input (one line, exit 2,
+before any process group). The command as a process and 8 ranks == 1 rank:
+tests/integration/test_train_command.py."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "recipes" / "tiny.yaml"
+
+
+# --- the recipe loader ----------------------------------------------------------------------
+def test_tiny_recipe_loads_and_maps_to_a_plan():
+    from hybridpar.config.recipe import load_recipe
+
+    recipe = load_recipe(str(TINY)).validate(8)
+    plan = recipe.to_plan_unresolved()
+    assert (plan.tp, plan.pp, plan.dp, plan.cp, plan.vpp) == (2, 2, 2, 1, 1)
+    assert plan.grad_accum == 4 and plan.model.name == "tiny" and plan.zero_stage == 1
+    assert recipe.optim_config().grad_clip == 1.0
+
+
+def test_flags_override_and_dp_is_derived():
+    from hybridpar.config.recipe import load_recipe, with_overrides
+
+    recipe = with_overrides(load_recipe(str(TINY)), tp=1, pp=2, steps=3).validate(8)
+    assert (recipe.parallel.tp, recipe.parallel.pp, recipe.parallel.dp, recipe.train.steps) == (1, 2, 4, 3)
+
+
+def test_overlaps_are_recipe_switches(tmp_path):
+    """On by default (hybridpar.grad_sync, hybridpar.param_gather); ``parallel.overlap_grad_reduce:
+    false`` leaves the DP reduction to DeepSpeed after the backward and ``overlap_param_gather:
+    false`` the weight gather inside its step (tests/integration/test_runtime.py trains both ways); a
+    non-boolean is a one-line recipe error."""
+    from hybridpar.errors import USER_ERRORS
+    from hybridpar.config.recipe import load_recipe
+
+    on = load_recipe(str(TINY)).parallel
+    assert on.overlap_grad_reduce is True and on.overlap_param_gather is True
+    off = _write(tmp_path, "off.yaml", "model: tiny\nparallel: {overlap_grad_reduce: false, overlap_param_gather: false}\n"
+                                       "train: {global_batch: 8, seq_len: 8}\n")
+    parallel = load_recipe(off).parallel
+    assert parallel.overlap_grad_reduce is False and parallel.overlap_param_gather is False
+    bad = _write(tmp_path, "bad.yaml", "model: tiny\nparallel: {overlap_param_gather: 3}\n"
+                                       "train: {global_batch: 8, seq_len: 8}\n")
+    with pytest.raises(USER_ERRORS, match="overlap_param_gather"):
+        load_recipe(bad)
+
+
+def test_lr_schedule_warmup_cosine_and_linear_scaling():
+    from hybridpar.config.optim import OptimConfig, lr_at
+
+    cfg = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=2, total_steps=12)
+    assert lr_at(1, cfg, 16) == 0.5 and lr_at(2, cfg, 16) == 1.0
+    assert abs(lr_at(7, cfg, 16) - 0.55) < 1e-12 and abs(lr_at(12, cfg, 16) - 0.1) < 1e-12
+    scaled = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=0, total_steps=10, lr_scale_base_batch=8)
+    assert lr_at(1, scaled, 32) > 3.9  # 4x the batch -> 4x the LR
+
+
+# --- bad input --------------------------------------------------------------------------------
+def _write(tmp_path, name, text):
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def _bad_cases(tmp_path):
+    tiny = str(TINY)
+    return {
+        "world != product": (["--recipe", tiny, "--nproc", "8", "--tp", "2", "--pp", "2", "--dp", "4"], "world size 8"),
+        "kv_heads % tp": (["--recipe", tiny, "--nproc", "8", "--tp", "4", "--pp", "2", "--dp", "1"], "kv_heads 2 not divisible by tp 4"),
+        "heads % tp": (["--recipe", tiny, "--nproc", "3", "--tp", "3", "--pp", "1", "--dp", "1"], "not divisible by tp 3"),
+        "layers % pp": (["--recipe", tiny, "--nproc", "5", "--tp", "1", "--pp", "5"], "layers 4 not divisible by pp x vpp"),
+        "layers % pp*vpp": (["--recipe", tiny, "--nproc", "8", "--vpp", "4"], "layers 4 not divisible by pp x vpp = 2 x 4"),
+        "global batch": (["--recipe", tiny, "--nproc", "8", "--global-batch", "10"], "global batch 10 not divisible"),
+        "zero 3": (["--recipe", tiny, "--nproc", "8", "--zero", "3"], "zero 3 not supported"),
+        "no world": (["--recipe", tiny], "world size 1 != tp x cp x pp x dp"),
+        "unknown key": ([ "--recipe", _write(tmp_path, "k.yaml", "model: tiny\ntrain: {global_batch: 8, seq_len: 8, stepz: 3}\n")], "unknown key 'train.stepz'"),
+        "unknown section": (["--recipe", _write(tmp_path, "s.yaml", "model: tiny\noptimizer: {}\n")], "unknown key 'optimizer'"),
+        "wrong type": (["--recipe", _write(tmp_path, "t.yaml", "model: tiny\ntrain: {global_batch: 8, seq_len: 8, lr: fast}\n")], "'train.lr' must be a number"),
+        "seq % 2cp": (["--recipe", _write(tmp_path, "c.yaml", "model: tiny\nparallel: {cp: 2}\ntrain: {global_batch: 8, seq_len: 6}\n"), "--nproc", "2"], "seq_len 6 not divisible by 2 x cp = 4"),
+        "unknown model": (["--recipe", _write(tmp_path, "m.yaml", "model: giant\ntrain: {global_batch: 8, seq_len: 8}\n")], "unknown model 'giant'"),
+        "missing recipe": (["--recipe", str(tmp_path / "nope.yaml")], "not found"),
+        "malformed recipe": (["--recipe", _write(tmp_path, "bad.yaml", "model: [tiny\n")], "is malformed"),
+        "binary recipe": (["--recipe", str(_binary(tmp_path))], "unreadable"),
+        "not a mapping": (["--recipe", _write(tmp_path, "l.yaml", "- tiny\n")], "expected a mapping"),
+        "negative steps": (["--recipe", tiny, "--nproc", "8", "--steps", "0"], "--steps must be a positive integer"),
+    }
+
+
+def _binary(tmp_path):
+    path = tmp_path / "bin.yaml"
+    path.write_bytes(b"\xff\xfe\x00\x81model")
+    return path
+
+
+def test_bad_input_is_one_line_exit_2_before_any_process_group(tmp_path, capsys, no_ranks_may_start):
+    from hybridpar.cli.main import main
+
+    for name, (argv, expected) in _bad_cases(tmp_path).items():
+        code = main(["train", *argv])
+        err = capsys.readouterr().err
+        assert code == 2, (name, code, err)
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("hybridpar train: error: "), (name, err)
+        assert expected in lines[0], (name, lines[0])
