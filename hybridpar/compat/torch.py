@@ -158,15 +158,17 @@ def abort_world(world_sockets: set[int]) -> None:
     """End every collective of this process's process groups in an error, from any thread.
 
     NCCL's communicators abort (``_abort_process_group``). ProcessGroupGloo's ``abort`` does not
-    end an operation already waiting on a peer, and its TCP pairs stay open until the group is
-    freed, so a rank waiting on a live peer that itself waits on a dead one would wait out the
-    group's timeout. Shutting down the connections the world opened (``world_sockets``, measured
-    against the sockets that existed before it) ends those waits here and, by the closed
-    connection, on every peer. The listening sockets stay: gloo's listener thread treats their
-    loss as fatal."""
+    end an operation already waiting on a peer, and stops the group's worker threads, so an
+    operation the training thread posts afterwards is never run and waits forever; its TCP pairs
+    stay open until the group is freed. So gloo's groups are not aborted: the connections the
+    world opened (``world_sockets``, measured against the sockets that existed before it) are
+    shut down, which ends every wait on them, here and, by the closed connection, on every peer,
+    and makes every later operation fail at once. The listening sockets stay: gloo's listener
+    thread treats their loss as fatal."""
     import os
     import socket
 
+    import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
@@ -176,7 +178,7 @@ def abort_world(world_sockets: set[int]) -> None:
                 s.shutdown(socket.SHUT_RDWR)
         except OSError:
             continue
-    if dist.is_initialized():
+    if dist.is_initialized() and torch.cuda.is_available() and dist.get_backend() == "nccl":
         try:
             c10d._abort_process_group()
         except Exception:  # noqa: BLE001 - a group torch already dropped: nothing left to abort

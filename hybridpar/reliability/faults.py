@@ -10,9 +10,10 @@ The variable holds faults separated by ``;``, each ``KIND:key=value:key=value``:
 - ``kill-after-step:rank=R:step=K``: rank R sends itself SIGKILL once step K is over (its
   metrics logged, the hooks before this one run: with ``--tolerate-replica-loss`` the in-memory
   state of step K is kept), before step K+1 begins;
-- ``hold-for-rejoin:rank=R:step=K``: with ``--tolerate-replica-loss``, rank R waits after step K
-  until a restarted replica is ready to join (at most 10 minutes), so that it joins after step K
-  whatever its start-up takes (the other ranks wait for R in the step boundary's all-reduce);
+- ``hold-for-rejoin:rank=R:step=K``: with ``--tolerate-replica-loss``, a restarted replica joins
+  after step K exactly, whatever its start-up takes: no rank takes one in before, and after step
+  K every rank waits until one is ready (at most 10 minutes; every rank reads the same fault, so
+  they agree without a collective; R only names the rank that says so);
 - ``kill-in-save:rank=R:step=K``: rank R sends itself SIGKILL while the checkpoint of step K is
   being written, right after its own shard file is written and fsync'd (other ranks may still
   be writing theirs: the save is never committed);
@@ -127,17 +128,21 @@ class KillAfterStep:
 
 
 class HoldForRejoin:
-    """Waits after step K until the launcher says a restarted replica is ready to join."""
+    """A restarted replica joins after step K: none before, and every rank waits for one after K."""
 
     def __init__(self, fault: Fault):
         self.fault = fault
 
+    def defers_join(self, step: int) -> bool:
+        return step < self.fault.step
+
     def on_step(self, job, metrics):
-        if metrics.step != self.fault.step or _rank() != self.fault.rank:
+        if metrics.step != self.fault.step:
             return
         from hybridpar.reliability.replica_loss import world
 
-        _announce(f"after step {metrics.step}: holding until a restarted replica is ready to join")
+        if _rank() == self.fault.rank:
+            _announce(f"after step {metrics.step}: every rank holds until a restarted replica is ready to join")
         deadline = time.monotonic() + 600
         while not world().someone_waits() and time.monotonic() < deadline:
             time.sleep(0.05)

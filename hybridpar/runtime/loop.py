@@ -5,8 +5,11 @@ checkpoint or Hugging Face weights), loops over the steps, prints one line per s
 and appends metrics.jsonl, and stops early when the ranks agree to (reliability/stopping.py).
 ``run_hooks(run)`` is the standard set of hooks for a RunPlan. A hook may define
 ``on_start(job, first_step)`` (returns the step to start from), ``on_step_begin(job, step)``,
-``after_step(job, metrics)`` (before the step is logged), ``step_record(job, metrics)`` (extra metrics.jsonl keys and step-line text), ``on_step(job,
-metrics)``, ``on_stop(job, metrics)`` and ``save_written()`` (its background save's vote).
+``after_step(job, metrics)`` (before the step is logged), ``step_record(job, metrics)`` (extra
+metrics.jsonl keys and step-line text), ``on_step(job, metrics)``, ``on_stop(job, metrics)``,
+``save_written()`` (its background save's vote), ``on_world_change(job)`` (a DP replica was lost
+or taken in: the job was rebuilt) and ``defers_join(step)`` (no restarted replica is taken in
+after this step; every rank must answer alike).
 """
 from __future__ import annotations
 
@@ -94,7 +97,8 @@ def train(run, hooks=(), print_fn=print, stop=None) -> TrainOutcome:
                     if hasattr(hook, "on_stop"):
                         hook.on_stop(job, m)
                 break
-            if tolerance is not None and step < run.steps and tolerance.someone_waits(job):
+            if tolerance is not None and step < run.steps and not _join_deferred(hooks, step) \
+                    and tolerance.someone_waits(job):
                 job, line = tolerance.take_in(job, build, run.plan, step)
                 _world_changed(hooks, job)
                 metrics_path = _open_metrics(run, step + 1)
@@ -113,6 +117,11 @@ def train(run, hooks=(), print_fn=print, stop=None) -> TrainOutcome:
                          f"the last step ended")
     job.close()
     return outcome
+
+
+def _join_deferred(hooks, step: int) -> bool:
+    """A hook keeps a waiting replica out after this step (the same answer on every rank)."""
+    return any(hook.defers_join(step) for hook in hooks if hasattr(hook, "defers_join"))
 
 
 def _world_changed(hooks, job) -> None:

@@ -1,0 +1,128 @@
+"""A lost DP replica does not stop the job (``--tolerate-replica-loss``), on 8 CPU ranks (gloo).
+
+Three runs lose a replica to a real SIGKILL (faults from reliability/faults.py) and go on:
+- A: TP2 x DP4, ZeRO-1. Rank 5 (replica 2) dies once step 10 is over; the survivors go on as
+  TP2 x DP3. The replica is started again, and after step 20 it joins, receiving the weights and
+  optimizer state from its peers (rank 0 holds after step 20 until the restarted ranks are
+  ready, so the join comes after step 20 whatever their start-up takes).
+- B: TP2 x DP4 without ZeRO. Rank 5 dies in the forward of step 11 (step 10 saved).
+- C: TP2 x PP2 x DP2, ZeRO-1: rank 5 (replica 1's second pipeline stage) dies in step 10, after the
+  forward of its second micro-batch, with activations in flight between the stages.
+
+Each finishes all 30 steps with exit 0 and each step logged once. After the loss each equals a
+run stopped at the last step the survivors kept and restarted from its checkpoint on the
+surviving replicas with the same global batch (24 sequences); after the rejoin A equals a
+4-replica run resumed from the state after step 20. Tolerances are those of the layout
+equivalence tests (tests/test_runtime.py): 1e-5 on the loss, 1e-5 relative on the grad norm.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 30
+TOL = 1e-5
+COMMON = ["--global-batch", "24", "--micro-batch", "2", "--steps", str(STEPS), "--timeout-s", "120", "--no-progress"]
+DP4 = ["--tp", "2", "--pp", "1", "--dp", "4"]
+
+
+def _train(out: Path, nproc: int, *flags: str, fault: str | None = None) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
+    env.pop("HYBRIDPAR_FAULT", None)
+    if fault:
+        env["HYBRIDPAR_FAULT"] = fault
+    cmd = [sys.executable, "-m", "hybridpar", "train", "--recipe", str(ROOT / "recipes" / "tiny.yaml"),
+           "--nproc", str(nproc), *COMMON, "--out", str(out), *flags]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.returncode, proc.stdout[-3000:], proc.stderr[-6000:])
+    return proc
+
+
+def _metrics(out: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in rows]
+    assert len(steps) == len(set(steps)), f"a step logged twice in {out}: {steps}"
+    return {r["step"]: r for r in rows}
+
+
+def _assert_equal(got: dict, want: dict, steps) -> None:
+    for s in steps:
+        loss = abs(got[s]["loss"] - want[s]["loss"])
+        norm = abs(got[s]["grad_norm"] - want[s]["grad_norm"]) / want[s]["grad_norm"]
+        assert loss <= TOL and norm <= TOL, (s, got[s]["loss"], want[s]["loss"], got[s]["grad_norm"], want[s]["grad_norm"])
+
+
+def _lines(text: str, start: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith(start)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("replica_loss")
+    out = {}
+    out["A"] = _train(base / "A", 8, *DP4, "--zero", "1", "--tolerate-replica-loss", "--rejoin-after-s", "0.5",
+                      fault="kill-after-step:rank=5:step=10;hold-for-rejoin:rank=0:step=20")
+    out["B"] = _train(base / "B", 8, *DP4, "--zero", "0", "--tolerate-replica-loss", "--save-every", "10", "--sync-save",
+                      fault="kill-in-step:rank=5:step=11")
+    out["C"] = _train(base / "C", 8, "--tp", "2", "--pp", "2", "--dp", "2", "--zero", "1", "--tolerate-replica-loss",
+                      "--save-every", "9", "--sync-save", fault="kill-in-step:rank=5:step=10:micro=2")
+    # the references: stopped where the survivors went on, restarted from a checkpoint on the survivors
+    out["DP3"] = _train(base / "DP3", 6, "--tp", "2", "--pp", "1", "--dp", "3", "--zero", "1", "--save-every", "20", "--sync-save",
+                        "--resume", str(base / "B" / "ckpt" / "step-000010"))
+    out["DP4"] = _train(base / "DP4", 8, *DP4, "--zero", "1", "--resume", str(base / "DP3" / "ckpt" / "step-000020"))
+    out["PP2"] = _train(base / "PP2", 4, "--tp", "2", "--pp", "2", "--dp", "1", "--zero", "1",
+                        "--resume", str(base / "C" / "ckpt" / "step-000009"))
+    return base, out
+
+
+def test_each_run_finishes_every_step_once(runs):
+    base, out = runs
+    for name in "ABC":
+        metrics = _metrics(base / name)
+        assert sorted(metrics) == list(range(1, STEPS + 1)), (name, sorted(metrics))
+        stdout_steps = [int(re.match(r"step (\d+)/", line).group(1)) for line in _lines(out[name].stdout, "step ")]
+        assert stdout_steps == list(range(1, STEPS + 1)), (name, stdout_steps)
+        assert json.loads((base / name / "status.json").read_text())["status"] == "finished"
+
+
+def test_one_line_names_the_lost_replica_its_ranks_and_the_step(runs):
+    _, out = runs
+    want = {"A": ("replica 2 (ranks 4-5) lost in step 11", "after step 10", 11, "3 replicas"),  # seen in step 11
+            "B": ("replica 2 (ranks 4-5) lost in step 11", "after step 10", 11, "3 replicas"),
+            "C": ("replica 1 (ranks 4-7) lost in step 10", "after step 9", 10, "1 replicas")}
+    for name, (lost, state, next_step, left) in want.items():
+        lines = [line for line in _lines(out[name].stdout, "hybridpar train: replica") if " lost " in line]
+        assert len(lines) == 1, (name, out[name].stdout[-3000:])
+        line = lines[0]
+        assert line.startswith(f"hybridpar train: {lost}: rank 5 (pid "), line
+        assert "signal SIGKILL" in line and f"continuing on {left} from the state {state}" in line, line
+        gap = re.search(rf"step {next_step} begins ([0-9.]+) s after the last step ended", line)
+        assert gap, line
+        print(f"{name}: the gap between the last step before the loss and step {next_step}: {gap.group(1)} s")
+
+
+def test_survivors_train_like_a_restart_from_a_checkpoint_on_the_surviving_replicas(runs):
+    base, _ = runs
+    a, b, c = (_metrics(base / n) for n in "ABC")
+    dp3, pp2 = _metrics(base / "DP3"), _metrics(base / "PP2")
+    _assert_equal(a, b, range(1, 11))  # before the loss: ZeRO-1 and no ZeRO train alike
+    _assert_equal(a, dp3, range(11, 21))
+    _assert_equal(b, dp3, range(11, STEPS + 1))
+    _assert_equal(c, pp2, range(10, STEPS + 1))
+
+
+def test_a_restarted_replica_joins_from_its_peers_and_the_job_matches_four_replicas(runs):
+    base, out = runs
+    lines = _lines(out["A"].stdout, "hybridpar train: replica rejoined")
+    assert len(lines) == 1 and lines[0].startswith("hybridpar train: replica rejoined after step 20: ranks 4, 5 received"), \
+        out["A"].stdout[-3000:]
+    assert "training on 4 replicas" in lines[0]
+    _assert_equal(_metrics(base / "A"), _metrics(base / "DP4"), range(21, STEPS + 1))
+    assert not (base / "A" / "ckpt").exists()  # nothing was read from or written to disk for it
