@@ -9,11 +9,14 @@ Per GPU, for the largest pipeline stage (the step waits for the slowest rank):
 * copy: with ZeRO, the previous replica's snapshot, received from the rank at the same TP/CP/PP
   position over a ring of the DP group; 0 without ZeRO, where every replica holds the full state;
 * host memory: KEEP steps of both;
-* device-to-host: snapshot / host link; exchange: the copy, send and receive at once (full duplex),
-  over the link DP traffic takes (cost.dp_inside_node: NVLink inside a node, else the network) plus
-  one send/receive's NCCL latency. Both links at cost.LINK_EFFICIENCY of their peak.
-The two run one after the other, synchronously after the step, and add to it. The received copy
-is assumed to land in host memory without a second device-to-host copy.
+* host link: the snapshot to host memory; with ZeRO also the exchange's two crossings, as the
+  runtime does it (reliability/replica_loss.py): the serialized host copy goes back to the device
+  for NCCL, and the received copy comes out to host memory: 3 x snapshot over the host link, one
+  after the other; exchange: the copy, send and receive at once (full duplex), over the link DP
+  traffic takes (cost.dp_inside_node: NVLink inside a node, else the network) plus one
+  send/receive's NCCL latency. Both links at cost.LINK_EFFICIENCY of their peak.
+All of it runs synchronously after the step and adds to it. Serializing the snapshot in host
+memory (torch.save) is not counted.
 
 Pure arithmetic on a Plan, no torch.
 """
@@ -28,6 +31,7 @@ from .plan import Plan, PlanError
 from .stages import params_per_rank, stages
 
 KEEP = 2  # steps of snapshots (own and received) kept in host memory
+HOST_CROSSINGS = 3  # with ZeRO: own snapshot out, serialized copy in for NCCL, the neighbour's copy out
 
 
 @dataclass(frozen=True)
@@ -35,7 +39,7 @@ class ReplicaRedundancy:
     """Per GPU, per optimizer step."""
     snapshot_bytes: float  # own optimizer state copied to host memory
     copy_bytes: float  # the previous replica's snapshot held for it (0 without ZeRO)
-    d2h_s: float  # device-to-host copy of the snapshot
+    d2h_s: float  # host-link copies: the snapshot out (and with ZeRO the exchange's two crossings)
     exchange_s: float  # snapshot sent to the next replica while the previous one's arrives
     link: str  # what the exchange crosses: "nvlink", "network", or "none" (no ZeRO, no exchange)
 
@@ -78,9 +82,9 @@ def replica_redundancy(plan: Plan, gpu: GPU) -> ReplicaRedundancy:
         raise PlanError(batch_problem(plan.global_batch, plan.dp, plan.micro_batch))
     n = max(params_per_rank(plan, s) for s in stages(plan))
     snapshot = model_state_bytes(n, plan.zero_group, plan.zero_stage)[2]
-    d2h = link_time(snapshot, gpu.host_link_gbps)
     if plan.zero_stage == 0:
-        return ReplicaRedundancy(snapshot, 0.0, d2h, 0.0, "none")
+        return ReplicaRedundancy(snapshot, 0.0, link_time(snapshot, gpu.host_link_gbps), 0.0, "none")
+    d2h = link_time(HOST_CROSSINGS * snapshot, gpu.host_link_gbps)
     inside = dp_inside_node(plan)
     exchange = (link_time(snapshot, gpu.nvlink_gbps if inside else gpu.network_gbps)
                 + nccl_latency(1, 2, 1 if inside else 2))
