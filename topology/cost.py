@@ -24,7 +24,7 @@ Assumptions (docs/planner.md lists them with the rest):
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from math import ceil, log2
 
@@ -343,10 +343,20 @@ class StepCost:
     tflops_per_gpu: float
     mfu: float
     stage_rank: int = 0  # the slowest pipeline rank, whose per-micro-batch terms are above
+    replica_loss_s: float = 0.0  # synchronous snapshot and exchange after the step (redundancy.py)
 
     @property
     def bubble_fraction(self) -> float:
         return self.bubble_s / self.step_time_s
+
+    def with_replica_loss(self, seconds: float) -> "StepCost":
+        """This step followed by ``seconds`` of synchronous work: the step lengthens and tokens per
+        second, TFLOP/s per GPU and MFU shrink in proportion (the FLOPs per step do not change)."""
+        step = self.step_time_s + seconds
+        scale = self.step_time_s / step
+        return replace(self, step_time_s=step, replica_loss_s=self.replica_loss_s + seconds,
+                       tokens_per_s=self.tokens_per_s * scale, tflops_per_gpu=self.tflops_per_gpu * scale,
+                       mfu=self.mfu * scale)
 
     def comm(self) -> dict:
         return {"tp": self.tp_s, "cp": self.cp_s, "pp": self.pp_s, "dp": self.dp_s}
@@ -361,6 +371,13 @@ def after_first_backward(n_mb: int, mb_s: float, fwd_s: float, pp: int, vpp: int
     return n_mb * mb_s - fwd_s * (pp - (pp - 1) / vpp)
 
 
+def dp_inside_node(plan: Plan) -> bool:
+    """Whether DP traffic stays on NVLink. DP outermost: the DP x CP group, and every rank's peer
+    in the neighbouring replica, stay inside a node when the whole job does, or, without DP, when
+    the TP x CP block does (as the CP group)."""
+    return plan.world_size <= plan.gpus_per_node or (plan.dp == 1 and plan.tp * plan.cp <= plan.gpus_per_node)
+
+
 def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float, bwd_mb: float,
              nic_free_mb: float) -> float:
     """Exposed DP time. nic_free_mb: the part of a micro-batch on the slowest rank during which
@@ -368,10 +385,7 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
     d = plan.zero_group  # CP ranks hold the same weights: gradients are reduced over DP x CP
     if d == 1:
         return 0.0
-    # DP outermost: the DP x CP group stays inside a node when the whole job does, or, without DP,
-    # when the TP x CP block does (as the CP group).
-    inside = plan.world_size <= plan.gpus_per_node or (plan.dp == 1 and plan.tp * plan.cp <= plan.gpus_per_node)
-    bw = gpu.nvlink_gbps if inside else gpu.network_gbps
+    bw = gpu.nvlink_gbps if dp_inside_node(plan) else gpu.network_gbps
     ring = (d - 1) / d
     # one reduce-scatter and one all-gather call per gradient bucket
     # megatron-core's bucket grows with DP (DistributedDataParallelConfig: max(40M, 1M x dp))

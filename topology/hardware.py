@@ -12,6 +12,9 @@ from pathlib import Path
 from .spec_files import names_a_file, read_mapping
 
 GIB = 1024**3
+# Host link of a GPU file that gives none: PCIe Gen4 x16 per direction (A100's, below), the slowest
+# of the catalogue, so a newer part on Gen5 is costed at up to twice its copy time, never less.
+DEFAULT_HOST_LINK_GBPS = 32.0
 
 
 class HardwareError(ValueError):
@@ -36,6 +39,9 @@ class GPU:
     gemm_fraction: float
     # Fraction of the dense peak a causal FlashAttention-2-class kernel sustains fwd+bwd.
     attention_fraction: float
+    # Host link (GPU <-> CPU memory) per direction, GB/s: what a device-to-host copy of the optimizer
+    # state crosses (topology/redundancy.py); pinned copies reach about cost.LINK_EFFICIENCY of it.
+    host_link_gbps: float = DEFAULT_HOST_LINK_GBPS
 
     def peak_tflops(self, precision: str) -> float:
         if precision == "fp8":
@@ -56,16 +62,19 @@ class GPU:
 # bidirectional = 300 per direction [S]. DGX A100: 8 x 200 Gb/s HDR per node = 25 GB/s per GPU
 # (Narayanan §5, Korthikanti §6) [V]. 108 SMs (A100 whitepaper) [S]. MAMF 267.9 TFLOP/s = 0.859
 # of peak (Bekman, ml-engineering "Maximum Achievable FLOPS" table) [S]. FlashAttention-2 on A100:
-# 50-73% of peak forward, lower backward (Dao 2023, abstract) [S]: 0.55 fwd+bwd assumed.
+# 50-73% of peak forward, lower backward (Dao 2023, abstract) [S]: 0.55 fwd+bwd assumed. Host link:
+# PCIe Gen4 x16, 64 GB/s bidirectional = 32 per direction (A100 datasheet) [S].
 _A100 = dict(bf16_tflops=312.0, fp8_tflops=None, nvlink_gbps=300.0, network_gbps=25.0,
-             gpus_per_node=8, sms=108, gemm_fraction=0.859, attention_fraction=0.55)
+             gpus_per_node=8, sms=108, gemm_fraction=0.859, attention_fraction=0.55, host_link_gbps=32.0)
 
 # H100 SXM: 989 dense bf16, 1979 dense fp8; 80 GB HBM3 at 3.35 TB/s; NVLink 4 900 GB/s per GPU
 # bidirectional; 8 x 400 Gb/s compute NICs per node = 50 GB/s per GPU (NVIDIA dgxc-benchmarking
 # README) [V]. 132 SMs [S]. MAMF 792.1 TFLOP/s = 0.801 of peak (Bekman table) [S].
 # FlashAttention on H100: FA2 reaches ~35-40% of peak, FA3 ~75% (Shah et al. 2024) [S]: 0.5 assumed.
+# Host link (H100, and H200/H800 SXM, which share the board interface): PCIe Gen5 x16, 128 GB/s
+# bidirectional = 64 per direction (NVIDIA H100/H200 SXM datasheets) [S].
 _H100 = dict(bf16_tflops=989.0, fp8_tflops=1979.0, nvlink_gbps=450.0, network_gbps=50.0,
-             gpus_per_node=8, sms=132, gemm_fraction=0.801, attention_fraction=0.5)
+             gpus_per_node=8, sms=132, gemm_fraction=0.801, attention_fraction=0.5, host_link_gbps=64.0)
 
 # B200 (HGX, 1,000 W): 2,250 dense bf16, 4,500 dense fp8 TFLOP/s; HBM3e at 8 TB/s; NVLink 5
 # 1.8 TB/s per GPU bidirectional = 900 per direction (glennklockwood.com B200 notes; Vultr HGX B200
@@ -73,9 +82,10 @@ _H100 = dict(bf16_tflops=989.0, fp8_tflops=1979.0, nvlink_gbps=450.0, network_gb
 # NICs = 50 GB/s per GPU [R]; 148 SMs [R]. GEMMs: OpenXLA's measured sm_100 table
 # (xla/service/gpu/model/matmul_interpolator_data.h, key "sm_100_B200") peaks at 1,670 TFLOP/s bf16
 # (batch 4 x 4096^3, its largest shape) = 0.742 of peak [S], a lower bound on MAMF, since the table
-# stops at 4,096. Attention on Blackwell: no stored measurement; 0.5 as for H100 [assumed].
+# stops at 4,096. Attention on Blackwell: no stored measurement; 0.5 as for H100 [assumed]. Host link:
+# PCIe Gen5 x16 = 64 GB/s per direction [R].
 _B200 = dict(bf16_tflops=2250.0, fp8_tflops=4500.0, nvlink_gbps=900.0, network_gbps=50.0,
-             gpus_per_node=8, sms=148, gemm_fraction=0.742, attention_fraction=0.5)
+             gpus_per_node=8, sms=148, gemm_fraction=0.742, attention_fraction=0.5, host_link_gbps=64.0)
 
 CATALOGUE: dict[str, GPU] = {
     "a100-40gb": GPU("a100-40gb", memory_gib=40.0, hbm_tbps=1.555, **_A100),
@@ -139,6 +149,7 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
         values = {**asdict(base), "name": f"{base.name} ({Path(source).stem})", **values}
     values.setdefault("name", Path(source).stem)
     values.setdefault("fp8_tflops", None)
+    values.setdefault("host_link_gbps", DEFAULT_HOST_LINK_GBPS)
     missing = [k for k in _GPU_FIELDS if k not in values]
     if missing:
         raise HardwareError(f"{source}: missing GPU key(s) {', '.join(missing)} (or name a catalogue GPU as base)")

@@ -6,7 +6,8 @@ recomputation; any may be pinned. Pruning keeps a full 16,384-GPU search well un
   over DP) run before anything is costed;
 * per layout, ZeRO stages are tried from the least to the most communication (1, 2, 3) and
   recomputation from none to full; the first combination that fits is the fastest of those
-  that follow it (they only add communication or FLOPs), so the rest are skipped;
+  that follow it (they only add communication or FLOPs), so the rest are skipped (the
+  replica-loss redundancy, when asked for, is the same for ZeRO 1, 2 and 3 and any recomputation);
 * per-layer times are cached (cost.layer_time), rank groups are never built.
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ from .hardware import GIB, GPU, get_gpu
 from .memory import StageMemory, plan_memory
 from .models import ModelSpec
 from .plan import RECOMPUTE_MODES, Plan, PlanError
+from .redundancy import ReplicaRedundancy, batch_problem, replica_redundancy, tolerance_problems
 from .software import HYBRIDPAR, PROFILES, Software
 from .stages import params_per_rank, stages
 
@@ -30,11 +32,13 @@ MIN_CP_CHUNK = 1024  # tokens per CP rank below which splitting the sequence onl
 class Evaluated:
     plan: Plan
     memory: StageMemory
-    cost: StepCost
+    cost: StepCost  # with the redundancy's seconds in the step when there is one
     fits: bool
+    redundancy: ReplicaRedundancy | None = None  # planned to tolerate a replica loss
 
     def to_json(self) -> dict:
         p, c, mem = self.plan, self.cost, self.memory
+        extra = {"replica_loss": self.redundancy.to_json()} if self.redundancy else {}
         return {
             "tp": p.tp, "pp": p.pp, "cp": p.cp, "dp": p.dp, "vpp": p.vpp, "micro_batch": p.micro_batch,
             "grad_accum": p.grad_accum, "zero_stage": p.zero_stage, "recompute": p.recompute,
@@ -42,7 +46,7 @@ class Evaluated:
             "fits": self.fits, "step_time_s": round(c.step_time_s, 4),
             "tokens_per_s": round(c.tokens_per_s, 1), "tflops_per_gpu": round(c.tflops_per_gpu, 1),
             "mfu": round(c.mfu, 4), "bubble_fraction": round(c.bubble_fraction, 4),
-            "comm_s": {k: round(v, 4) for k, v in c.comm().items()},
+            "comm_s": {k: round(v, 4) for k, v in c.comm().items()}, **extra,
         }
 
 
@@ -87,6 +91,9 @@ class Request:
     # Share of each GPU's memory a plan must leave free (0.1: a plan may use 90%): room for what
     # the memory model cannot see (another allocator, a profiler, a larger batch later).
     headroom: float = 0.0
+    # Plan for surviving the loss of a DP replica (redundancy.py): dp >= 2, the batch divisible over
+    # dp - 1 replicas too, and each step pays the optimizer-state snapshot and exchange.
+    tolerate_replica_loss: bool = False
 
     def hardware(self) -> GPU:
         gpu = self.gpu_spec or get_gpu(self.gpu)
@@ -112,10 +119,19 @@ def _choices(req: Request, axis: str, default: list) -> list:
     return [req.pins[axis]] if axis in req.pins else default
 
 
-def evaluate(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> Evaluated:
+def evaluate(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None,
+             tolerate_replica_loss: bool = False) -> Evaluated:
     gpu = gpu or get_gpu(plan.gpu)
     mem = plan_memory(plan, sw)
-    return Evaluated(plan, mem, step_cost(plan, sw, gpu), mem.total <= gpu.memory_bytes)
+    return _costed(plan, mem, sw, gpu, mem.total <= gpu.memory_bytes, tolerate_replica_loss)
+
+
+def _costed(plan: Plan, mem: StageMemory, sw: Software, gpu: GPU, fits: bool, tolerate: bool) -> Evaluated:
+    cost = step_cost(plan, sw, gpu)
+    if not tolerate:
+        return Evaluated(plan, mem, cost, fits)
+    red = replica_redundancy(plan, gpu)
+    return Evaluated(plan, mem, cost.with_replica_loss(red.added_s), fits, red)
 
 
 def _base_plan(req: Request, tp: int, **kw) -> Plan:
@@ -143,9 +159,11 @@ def search(req: Request, top: int = 5) -> SearchResult:
         plan = _base_plan(req, **{a: req.pins[a] for a in AXES})
         plan = _with_split(plan)
         problems = plan.violations() + _layout_problems(plan, n, req.gpus_per_node)
+        if req.tolerate_replica_loss:
+            problems += tolerance_problems(plan)
         if problems:
             raise PlanError(problems[0])
-        return SearchResult([evaluate(plan, sw, gpu)], [], 1, 1)
+        return SearchResult([evaluate(plan, sw, gpu, req.tolerate_replica_loss)], [], 1, 1)
 
     result = SearchResult([], [])
     tps = _choices(req, "tp", [d for d in _divisors(n) if m.heads % d == 0 and m.kv_heads % d == 0
@@ -193,6 +211,8 @@ def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, r
     reject = lambda reason, need=0.0: result.rejected.append(Rejected(tp, pp, cp, dp, reason, need))
     if req.global_batch % dp:
         return reject(f"global batch {req.global_batch} not divisible by dp {dp}")
+    if req.tolerate_replica_loss and dp < 2:
+        return reject(batch_problem(req.global_batch, dp, 1))
     even = m.layers % pp == 0
     if pp > 1 and not even and (m.layers + 2) % pp:
         return reject(f"layers {m.layers} (or {m.layers + 2} with lighter end stages) not divisible by pp {pp}")
@@ -205,6 +225,11 @@ def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, r
 
     per_replica = req.global_batch // dp
     mbs = _choices(req, "micro_batch", [b for b in _divisors(per_replica) if b <= MAX_MICRO_BATCH])
+    if req.tolerate_replica_loss:
+        survivable = [b for b in mbs if not batch_problem(req.global_batch, dp, b)]
+        if not survivable:  # the smallest micro-batch is the easiest to divide by
+            return reject(batch_problem(req.global_batch, dp, mbs[0]))
+        mbs = survivable
     # ZeRO shards over DP x CP (the CP ranks hold the same weights); with neither there is nothing to shard.
     # A stack without ZeRO (Megatron-LM 2021) replicates the optimizer whatever DP is. (A pinned
     # stage the software lacks was refused in search().)
@@ -256,7 +281,7 @@ def _first_fit(req, gpu, result, tp, cp, pp, dp, mb, v, zero, recomputes):
         result.examined += 1
         plan = _with_split(_base_plan(req, tp=tp, cp=cp, pp=pp, dp=dp, vpp=v, micro_batch=mb,
                                       zero_stage=zero, recompute=rc))
-        problems = plan.violations()
+        problems = plan.violations() + (tolerance_problems(plan) if req.tolerate_replica_loss else [])
         if problems:
             return problems[0]
         mem = plan_memory(plan, req.software)
@@ -265,7 +290,7 @@ def _first_fit(req, gpu, result, tp, cp, pp, dp, mb, v, zero, recomputes):
                 smallest = (mem, plan)
             continue
         result.evaluated += 1
-        found = Evaluated(plan, mem, step_cost(plan, req.software, gpu), True)
+        found = _costed(plan, mem, req.software, gpu, True, req.tolerate_replica_loss)
         result.plans.append(found)
         return found
     return smallest
@@ -278,5 +303,7 @@ def no_plan_message(req: Request, result: SearchResult) -> str:
         tight = min(memory, key=lambda r: r.need_bytes)
         return f"no feasible plan for {req.model.name} on {req.gpus} x {gpu.name}; tightest: {tight.reason}"
     if result.rejected:
-        return f"no feasible plan for {req.model.name} on {req.gpus} GPUs; e.g. {result.rejected[0].reason}"
+        # with --tolerate-replica-loss, a reason that rule gave, where there is one
+        lost = [r for r in result.rejected if req.tolerate_replica_loss and "replica loss" in r.reason]
+        return f"no feasible plan for {req.model.name} on {req.gpus} GPUs; e.g. {(lost or result.rejected)[0].reason}"
     return f"no layout of {req.gpus} GPUs matches the pinned axes {req.pins}"

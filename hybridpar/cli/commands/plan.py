@@ -11,6 +11,7 @@ from hybridpar.topology.hardware import CATALOGUE, GIB, HardwareError, load_gpu
 from hybridpar.topology.memory import PARTS, TIGHT_MARGIN
 from hybridpar.topology.models import load_model
 from hybridpar.topology.plan import PRECISIONS, RECOMPUTE_MODES
+from hybridpar.topology.redundancy import KEEP
 from hybridpar.topology.search import Request, search
 from hybridpar.topology.software import PROFILES
 from hybridpar.topology import validation
@@ -61,6 +62,11 @@ def add_arguments(p):
                    "node, 400 for H100/H200/H800, 200 for A100)")
     p.add_argument("--headroom", type=float, default=0.0, metavar="PERCENT",
                    help="share of each GPU's memory a plan must leave free, in percent (default 0; recipes use 10)")
+    p.add_argument("--tolerate-replica-loss", action="store_true",
+                   help="plan for surviving the loss of a DP replica (hybridpar train --tolerate-replica-loss): "
+                   "dp >= 2, the global batch divisible over dp - 1 replicas too, and each step costed with its "
+                   "optimizer-state snapshot to host memory and, with ZeRO, the exchange with the next replica "
+                   "(docs/planner.md); a recipe's reliability.tolerate_replica_loss turns it on too")
     p.add_argument("--top", type=int, default=5, help="plans to show (default 5)")
     p.add_argument("--json", action="store_true", help='print {"plans": [...], "rejected": [...]}')
 
@@ -89,6 +95,7 @@ def recipe_defaults(path: str) -> dict:
     return {"model": model, "seq_len": recipe.train.seq_len or None,
             "global_batch": recipe.train.global_batch or None, "gpu": recipe.cluster.gpu,
             "gpus_per_node": recipe.cluster.gpus_per_node,
+            "tolerate_replica_loss": bool(getattr(recipe.reliability, "tolerate_replica_loss", False)),
             "pins": {name: getattr(recipe.parallel, key) for key, name in RECIPE_PINS.items() if key in written}}
 
 
@@ -152,7 +159,8 @@ def build_request(args) -> tuple[Request, int]:
                   gpus_per_node=per_node, precision=args.precision, pins=pins,
                   software=software,
                   network_gbps=None if args.network_gbit is None else args.network_gbit / 8,
-                  headroom=args.headroom / 100)
+                  headroom=args.headroom / 100,
+                  tolerate_replica_loss=bool(args.tolerate_replica_loss or base.get("tolerate_replica_loss")))
     return req, args.top
 
 
@@ -222,6 +230,12 @@ def validation_json() -> dict:
             "sweep_spearman": {k: round(v, 3) for k, v in s.sweeps.items()}}
 
 
+def redundancy_line(r) -> str:
+    return (f"replica-loss redundancy: +{r.added_s * 1e3:.1f} ms per step (d2h {r.d2h_s * 1e3:.1f} ms, "
+            f"exchange {r.exchange_s * 1e3:.1f} ms), "
+            f"host memory +{r.host_bytes / GIB:.2f} GiB per GPU")
+
+
 def render(req: Request, result) -> str:
     gpu = req.hardware()
     network = "" if req.network_gbps is None else f", network {req.network_gbps * 8:g} Gbit/s per GPU"
@@ -269,6 +283,12 @@ def render(req: Request, result) -> str:
         c = e.cost
         lines.append(f"{i:>2} compute {c.compute_s:>8.3f}  bubble {c.bubble_s:>7.3f}  TP {c.tp_s:>7.3f}  "
                      f"CP {c.cp_s:>7.3f}  PP {c.pp_s:>7.3f}  DP {c.dp_s:>7.3f}  optimizer {c.optimizer_s:>6.3f}")
+    if req.tolerate_replica_loss:
+        lines += ["", f"Tolerating a replica loss: each step is followed, synchronously, by the optimizer-state snapshot "
+                  f"to host memory and (ZeRO) its exchange with the next replica; the last {KEEP} steps kept; "
+                  "included in the step times above:"]
+        for i, e in enumerate(result.plans, 1):
+            lines.append(f"{i:>2} {redundancy_line(e.redundancy)}")
     if result.rejected:
         lines += ["", f"Rejected layout families ({len(result.rejected)}), tightest first:"]
         shown = sorted(result.rejected, key=lambda r: (r.need_bytes == 0, r.need_bytes))[:12]
