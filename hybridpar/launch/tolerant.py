@@ -182,7 +182,10 @@ class TolerantLauncher:
             return
         self.store.delete_key("join/requested")
         self.store.delete_key("join/waiting")
-        if not ready:
+        if not ready:  # the replica that waited died since: the ranks wait for a world all the same
+            self.generation = Generation(self.generation.number + 1, list(self.generation.members),
+                                         reason="the replica that waited to join is gone")
+            publish(self.store, self.generation)
             return
         for m in ready:
             self.store.delete_key(f"join/ready/{m}")

@@ -71,14 +71,16 @@ class TolerantWorld:
         if self.member not in gen.members:  # a restarted replica's rank: ready, waiting to be taken in
             self.store.set(f"join/ready/{self.member}", "1")
         while self.member not in gen.members:
-            gen = self._wait_after(gen.number)
+            # however long the survivors take to reach a step boundary: the launcher ends this
+            # process when the job ends without it
+            gen = self._wait_after(gen.number, forever=True)
         self.first = gen
         self._init(gen, backend)
         return gen
 
-    def _wait_after(self, number: int) -> Generation:
+    def _wait_after(self, number: int, forever: bool = False) -> Generation:
         deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
+        while forever or time.monotonic() < deadline:
             latest = int(self.store.get("generation/latest").decode())
             if latest > number:
                 return read_generation(self.store, latest)
@@ -355,8 +357,11 @@ class Tolerance:
         transfer_state(job, self.snapshots, [], step)
         self.snapshots.forget()
         self.snapshots.take(job, step)
+        replicas = len(gen.members) // self.replica_size
+        if not gen.joined:
+            return job, f"after step {step}: {gen.reason}; training on {replicas} replicas"
         line = (f"replica rejoined after step {step}: ranks {', '.join(map(str, gen.joined))} received the weights and "
-                f"optimizer state from their peers; training on {len(gen.members) // self.replica_size} replicas "
+                f"optimizer state from their peers; training on {replicas} replicas "
                 f"({time.monotonic() - start:.1f} s)")
         return job, line
 

@@ -11,9 +11,10 @@ Three runs lose a replica to a real SIGKILL (faults from reliability/faults.py) 
 
 Each finishes all 30 steps with exit 0 and each step logged once. After the loss each equals a
 run stopped at the last step the survivors kept and restarted from its checkpoint on the
-surviving replicas with the same global batch (24 sequences); after the rejoin A equals a
-4-replica run resumed from the state after step 20. Tolerances are those of the layout
-equivalence tests (tests/test_runtime.py): 1e-5 on the loss, 1e-5 relative on the grad norm.
+surviving replicas with the same global batch (24 sequences): B's and C's own checkpoints, and for
+A (which writes none) a fault-free run of its layout stopped after step 10. After the rejoin A
+equals a 4-replica run resumed from the state after step 20. Tolerances are those of the layout
+equivalence tests (tests/integration/test_runtime.py): 1e-5 on the loss, 1e-5 relative on the grad norm.
 """
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ COMMON = ["--global-batch", "24", "--micro-batch", "2", "--steps", str(STEPS), "
 DP4 = ["--tp", "2", "--pp", "1", "--dp", "4"]
 
 
-def _train(out: Path, nproc: int, *flags: str, fault: str | None = None) -> subprocess.CompletedProcess:
+def _train(out: Path, nproc: int, *flags: str, fault: str | None = None, code: int = 0) -> subprocess.CompletedProcess:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     env.pop("HYBRIDPAR_FAULT", None)
     if fault:
@@ -41,7 +42,7 @@ def _train(out: Path, nproc: int, *flags: str, fault: str | None = None) -> subp
     cmd = [sys.executable, "-m", "hybridpar", "train", "--recipe", str(ROOT / "recipes" / "tiny.yaml"),
            "--nproc", str(nproc), *COMMON, "--out", str(out), *flags]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.returncode, proc.stdout[-3000:], proc.stderr[-6000:])
+    assert proc.returncode == code, (proc.returncode, proc.stdout[-3000:], proc.stderr[-6000:])
     return proc
 
 
@@ -74,9 +75,14 @@ def runs(tmp_path_factory):
     out["C"] = _train(base / "C", 8, "--tp", "2", "--pp", "2", "--dp", "2", "--zero", "1", "--tolerate-replica-loss",
                       "--save-every", "9", "--sync-save", fault="kill-in-step:rank=5:step=10:micro=2")
     # the references: stopped where the survivors went on, restarted from a checkpoint on the survivors
-    out["DP3"] = _train(base / "DP3", 6, "--tp", "2", "--pp", "1", "--dp", "3", "--zero", "1", "--save-every", "20", "--sync-save",
-                        "--resume", str(base / "B" / "ckpt" / "step-000010"))
-    out["DP4"] = _train(base / "DP4", 8, *DP4, "--zero", "1", "--resume", str(base / "DP3" / "ckpt" / "step-000020"))
+    # (--stop-at-step saves and stops with exit 4; the LR schedule stays that of 30 steps)
+    stop_at = lambda n: ["--save-every", "10", "--sync-save", "--stop-at-step", str(n)]  # noqa: E731
+    _train(base / "Z1", 8, *DP4, "--zero", "1", *stop_at(10), code=4)  # A's first 10 steps, saved
+    out["DP3a"] = _train(base / "DP3a", 6, "--tp", "2", "--pp", "1", "--dp", "3", "--zero", "1", *stop_at(20),
+                         "--resume", str(base / "Z1" / "ckpt" / "step-000010"), code=4)
+    out["DP3b"] = _train(base / "DP3b", 6, "--tp", "2", "--pp", "1", "--dp", "3", "--zero", "0",
+                         "--resume", str(base / "B" / "ckpt" / "step-000010"))
+    out["DP4"] = _train(base / "DP4", 8, *DP4, "--zero", "1", "--resume", str(base / "DP3a" / "ckpt" / "step-000020"))
     out["PP2"] = _train(base / "PP2", 4, "--tp", "2", "--pp", "2", "--dp", "1", "--zero", "1",
                         "--resume", str(base / "C" / "ckpt" / "step-000009"))
     return base, out
@@ -111,10 +117,10 @@ def test_one_line_names_the_lost_replica_its_ranks_and_the_step(runs):
 def test_survivors_train_like_a_restart_from_a_checkpoint_on_the_surviving_replicas(runs):
     base, _ = runs
     a, b, c = (_metrics(base / n) for n in "ABC")
-    dp3, pp2 = _metrics(base / "DP3"), _metrics(base / "PP2")
+    dp3a, dp3b, pp2 = (_metrics(base / n) for n in ("DP3a", "DP3b", "PP2"))
     _assert_equal(a, b, range(1, 11))  # before the loss: ZeRO-1 and no ZeRO train alike
-    _assert_equal(a, dp3, range(11, 21))
-    _assert_equal(b, dp3, range(11, STEPS + 1))
+    _assert_equal(a, dp3a, range(11, 21))
+    _assert_equal(b, dp3b, range(11, STEPS + 1))
     _assert_equal(c, pp2, range(10, STEPS + 1))
 
 
