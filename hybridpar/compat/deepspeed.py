@@ -90,8 +90,8 @@ RELIES_ON = Reliance("deepspeed", ("0.19.8", "0.20"), (
     Internal(_UNFUSED, "fp16_groups", _MASTERS, ASSIGNED),
     Internal(_UNFUSED, "fp32_groups", _MASTERS, ASSIGNED),
     Internal(_ENGINE, "enable_backward_allreduce", "hybridpar.zero.engine hands DP reduction to grad_sync", ASSIGNED),
-    Internal(_ENGINE, "global_steps", "hybridpar.checkpoint.load restores the step counters", ASSIGNED),
-    Internal(_ENGINE, "global_samples", "hybridpar.checkpoint.load restores the step counters", ASSIGNED),
+    Internal(_ENGINE, "global_steps", "hybridpar.checkpoint.load and reliability.replica_loss restore the step counters", ASSIGNED),
+    Internal(_ENGINE, "global_samples", "hybridpar.checkpoint.load and reliability.replica_loss restore the step counters", ASSIGNED),
 ))
 
 

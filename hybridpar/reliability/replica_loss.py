@@ -268,6 +268,7 @@ def transfer_state(job, snapshots: Snapshots | None, lost: list[int], step: int 
     the copies of ``lost`` members' partitions. Returns that step."""
     from hybridpar.checkpoint.in_memory import MemoryCheckpoint
     from hybridpar.checkpoint.load import load_into
+    from hybridpar.compat import deepspeed as deepspeed_compat
 
     mesh = job.mesh
     steps = [None] * dist.get_world_size()
@@ -297,8 +298,7 @@ def transfer_state(job, snapshots: Snapshots | None, lost: list[int], step: int 
     old_tp = mesh.size("tp")
     reader = MemoryCheckpoint(step, old_tp, [p for p, _, _ in parts], metas, [i for _, i, _ in parts])
     load_into(job, reader)
-    job.engine.engine.global_steps = step
-    job.engine.engine.global_samples = step * job.plan.global_batch
+    deepspeed_compat.set_step_counters(job.engine.engine, step, step * job.plan.global_batch)
     return step
 
 
