@@ -17,7 +17,6 @@ the final one included, equals the uninterrupted run's. Writes benchmarks/result
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import signal
@@ -27,30 +26,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from hybridpar.benchmarks import _runs
 from hybridpar.benchmarks._cli import BenchParser, positive_int
 from hybridpar.benchmarks.results_io import write_result
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY = ROOT / "recipes" / "tiny.yaml"
 LAUNCH_S = 120  # allowance per launch (imports, engine start) before "no progress" counts as a hang
 STEP_S = 10  # allowance per step on a loaded 2-core machine
 NPROC = 8  # recipes/tiny.yaml is laid out as TP2 x PP2 x DP2
-
-
-def _env(fault: str | None) -> dict:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    for key in ("RANK", "WORLD_SIZE", "HYBRIDPAR_FAULT"):
-        env.pop(key, None)
-    if fault:
-        env["HYBRIDPAR_FAULT"] = fault
-    return env
-
-
-def _losses(run_dir: Path) -> dict[int, float]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        return {}
-    return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
 
 
 SIGTERM_AT = "sigterm-at-step"  # not an injected fault: the soak sends SIGTERM to the launcher itself
@@ -60,59 +42,39 @@ def _sigterm_when(proc: subprocess.Popen, run_dir: Path, step: int, limit_s: flo
     """SIGTERM to the launcher once ``step`` is in the run's metrics (a cluster's preemption)."""
     deadline = time.time() + limit_s
     while time.time() < deadline and proc.poll() is None:
-        if max(_losses(run_dir), default=0) >= step:
+        if max(_runs.losses(run_dir), default=0) >= step:
             proc.send_signal(signal.SIGTERM)
             return
         time.sleep(0.05)
 
 
 def launch(args, run_dir: Path, fault: str | None, resume: bool, steps_left: int) -> dict:
-    cmd = [sys.executable, "-m", "hybridpar", "train", "--recipe", str(TINY), "--nproc", str(args.nproc),
-           "--steps", str(args.steps), "--timeout-s", str(args.timeout_s), "--out", str(run_dir)]
+    flags = ["--steps", str(args.steps), "--timeout-s", str(args.timeout_s)]
     if args.save_dir:
-        cmd += ["--save-dir", args.save_dir, "--save-every", str(args.save_every)]
+        flags += ["--save-dir", args.save_dir, "--save-every", str(args.save_every)]
         if resume:
-            cmd += ["--resume", "auto"]
+            flags += ["--resume", "auto"]
     limit = LAUNCH_S + STEP_S * steps_left
     start = time.time()
     injected = fault if fault and not fault.startswith(SIGTERM_AT) else None
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(injected), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(_runs.train_command(run_dir, *flags, nproc=args.nproc), cwd=_runs.ROOT,
+                            env=_runs.run_env(injected), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if fault and fault.startswith(SIGTERM_AT):
         _sigterm_when(proc, run_dir, int(fault.split("=")[1]), limit)
-    try:
-        out, err = proc.communicate(timeout=limit)
-        rc, hung = proc.returncode, False
-    except subprocess.TimeoutExpired:
-        _kill_tree(proc.pid)  # the ranks run in their own sessions: kill them by ancestry
-        out, err = proc.communicate()
-        rc, hung = None, True
-    ended = time.time()
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "stdout.txt").write_text(out)
-    (run_dir / "stderr.txt").write_text(err)
-    record = {"fault": fault, "exit_code": rc, "hung": hung, "wall_s": round(ended - start, 1),
-              "steps": sorted(_losses(run_dir))}
+    done = _runs.finish(proc, start, limit, run_dir)
+    out, err = done.stdout, done.stderr
+    record = {"fault": fault, "exit_code": done.exit_code, "hung": done.hung, "wall_s": round(done.wall_s, 1),
+              "steps": sorted(_runs.losses(run_dir))}
     resumed = re.search(r"resuming from \S+ \(step (\d+)", out)
     record["resumed_from"] = int(resumed.group(1)) if resumed else None
     stopped = [l for l in err.splitlines() if l.startswith("hybridpar train: stopped at step")]
     record["stopped"] = stopped[0] if stopped else None
     kill = re.search(r"SIGKILL to pid (\d+) \(at unix time ([0-9.]+)\)", err)
     if kill:
-        record["fail_fast_s"] = round(ended - float(kill.group(2)), 2)
+        record["fail_fast_s"] = round(done.ended - float(kill.group(2)), 2)
         summary = [l for l in err.splitlines() if l.startswith("hybridpar: rank ")]
         record["summary"] = summary[0] if summary else None
     return record
-
-
-def _kill_tree(pid: int) -> None:
-    import psutil
-
-    root = psutil.Process(pid)
-    for p in [root, *root.children(recursive=True)]:
-        try:
-            p.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def fault_for(i: int, args) -> tuple[str, int, int | None]:
@@ -147,7 +109,7 @@ def soak(args, work: Path) -> dict:
 def check(args, segments: list[dict], work: Path, reference: dict[int, float]) -> dict:
     attempts: dict[int, list[float]] = {}
     for k in range(1, len(segments) + 1):
-        for step, loss in _losses(work / f"segment-{k}").items():
+        for step, loss in _runs.losses(work / f"segment-{k}").items():
             attempts.setdefault(step, []).append(loss)
     expected = list(range(1, args.steps + 1))
     problems = []
@@ -211,7 +173,7 @@ def main(argv=None) -> int:
     ref_start = time.time()
     ref = launch(args, work / "uninterrupted", None, resume=False, steps_left=args.steps)
     ref_s = time.time() - ref_start
-    verdict = check(args, result["segments"], work, _losses(work / "uninterrupted"))
+    verdict = check(args, result["segments"], work, _runs.losses(work / "uninterrupted"))
     payload = {
         "config": {"recipe": "recipes/tiny.yaml", "layout": "TP2 x PP2 x DP2", "steps": args.steps,
                    "save_every": args.save_every, "kill_every": args.kill_every, "nproc": args.nproc,

@@ -36,6 +36,11 @@ RELIES_ON = Reliance("torch", ("2.13.0", "2.14"), (
              READ),
     Internal("torch.distributed.distributed_c10d", "_abort_process_group",
              "hybridpar.reliability.replica_loss leaves a world with a dead member (NCCL's abort)"),
+    Internal("torch.distributed.distributed_c10d", "_set_pg_timeout",
+             "hybridpar.reliability.replica_loss: a left world's later gloo operations fail fast; a new world's "
+             "rendezvous waits longer than its operations"),
+    Internal("torch.distributed.distributed_c10d", "_world",
+             "hybridpar.reliability.replica_loss lists a left world's groups (its pg_map)", READ),
     Internal("torch.utils._device", "_device_constructors",
              "hybridpar.compat.cpu sends tensors created without a device to meta in strict device mode"),
 ))
@@ -47,6 +52,16 @@ def device_constructors() -> frozenset:
     from torch.utils._device import _device_constructors
 
     return frozenset(_device_constructors())
+
+
+def set_world_timeout(seconds: float) -> None:
+    """The world group's timeout for the operations posted from now on (its rendezvous may have
+    waited longer)."""
+    from datetime import timedelta
+
+    import torch.distributed.distributed_c10d as c10d
+
+    c10d._set_pg_timeout(timedelta(seconds=seconds))
 
 
 def world_timeout_minutes() -> float | None:
@@ -154,6 +169,9 @@ def connected_tcp_sockets() -> set[int]:
     return found
 
 
+LEFT_WORLD_TIMEOUT_S = 1
+
+
 def abort_world(world_sockets: set[int]) -> None:
     """End every collective of this process's process groups in an error, from any thread.
 
@@ -167,11 +185,20 @@ def abort_world(world_sockets: set[int]) -> None:
     thread treats their loss as fatal."""
     import os
     import socket
+    from datetime import timedelta
 
     import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
+    if dist.is_initialized() and dist.get_backend() == "gloo":
+        # An operation posted from now on, on a pair that is still being torn down, could wait for
+        # the full process-group timeout (seen under load): give it one second.
+        for group in list(c10d._world.pg_map):
+            try:
+                c10d._set_pg_timeout(timedelta(seconds=LEFT_WORLD_TIMEOUT_S), group)
+            except Exception:  # noqa: BLE001 - a group torch already dropped
+                continue
     for fd in world_sockets & connected_tcp_sockets():
         try:
             with socket.socket(fileno=os.dup(fd)) as s:

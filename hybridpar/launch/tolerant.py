@@ -34,9 +34,10 @@ from hybridpar.launch.launcher_death import LAUNCHER_PID
 STORE_ENV = "HYBRIDPAR_TOLERANT_STORE"  # host:port of the launcher's store, for the ranks
 MEMBER_ENV = "HYBRIDPAR_MEMBER"  # a rank's permanent member id
 POLL_S = 0.1
-# Exit codes by which every rank ends the job on purpose (bad input, replica drift, an early stop):
-# not a lost rank.
-JOB_DECISIONS = (0, 2, 3, 4)
+# Exit codes by which every rank ends the job on purpose (bad input, replica drift, an early stop,
+# no way to go on after a loss): not a lost rank.
+CANNOT_GO_ON = 5
+JOB_DECISIONS = (0, 2, 3, 4, CANNOT_GO_ON)
 
 
 @dataclass

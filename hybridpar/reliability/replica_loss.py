@@ -54,7 +54,7 @@ class TolerantWorld:
         from torch.distributed import TCPStore
 
         host, port = os.environ[STORE_ENV].rsplit(":", 1)
-        self.store = TCPStore(host, int(port), is_master=False, timeout=_timedelta(timeout_s))
+        self.store = TCPStore(host, int(port), is_master=False, timeout=_timedelta(rendezvous_timeout_s(timeout_s)))
         self.member = int(os.environ[MEMBER_ENV])
         self.timeout_s = timeout_s
         self.generation: Generation | None = None
@@ -88,12 +88,13 @@ class TolerantWorld:
         raise ReplicaLossError(f"no new world within {self.timeout_s:.0f} s of generation {number}")
 
     def _init(self, gen: Generation, backend: str) -> None:
-        from hybridpar.compat.torch import connected_tcp_sockets
+        from hybridpar.compat.torch import connected_tcp_sockets, set_world_timeout
 
         self._sockets_before = connected_tcp_sockets()
         store = dist.PrefixStore(f"gen{gen.number}/", self.store)
         dist.init_process_group(backend, store=store, rank=gen.members.index(self.member),
-                                world_size=len(gen.members), timeout=_timedelta(self.timeout_s))
+                                world_size=len(gen.members), timeout=_timedelta(rendezvous_timeout_s(self.timeout_s)))
+        set_world_timeout(self.timeout_s)
         self.generation = gen
         self._left.clear()
         if self._watchdog is None:
@@ -148,6 +149,19 @@ class TolerantWorld:
 
     def request_join(self) -> None:
         self.store.set("join/requested", "1")
+
+
+def rendezvous_timeout_s(timeout_s: float) -> float:
+    """How long a new world's members wait for each other. Longer than an operation's timeout: a
+    survivor can stay in an operation of the world it left until that operation times out (seen
+    on gloo under load, about one loss in ten), and the others wait for it instead of giving up."""
+    return 2 * timeout_s + 30
+
+
+def speaks() -> bool:
+    """Whether this rank says what ends a tolerant job: the lowest member of its generation."""
+    w = _WORLD
+    return w is None or w.generation is None or w.member == min(w.generation.members)
 
 
 def _timedelta(seconds: float):
@@ -328,7 +342,13 @@ class Tolerance:
         start = time.monotonic()
         job.abandon()
         gen = self.world.next(self.backend)
-        job = build(plan_for(run_plan, gen))
+        layout = plan_for(run_plan, gen)
+        problems = layout.violations()
+        if problems:
+            raise ReplicaLossError(f"{describe_loss(gen, self.replica_size, step_in_flight, step_in_flight - 1)}"
+                                   .split("; continuing on")[0] + f"; the {layout.dp} replica(s) left cannot go on: "
+                                   f"{problems[0]}; resume from the last checkpoint (--resume auto) on a layout that fits")
+        job = build(layout)
         last = self.snapshots.own[-1].step if self.snapshots.own else None
         step = transfer_state(job, self.snapshots, gen.lost, last)
         self.snapshots.forget()
@@ -360,14 +380,23 @@ class Tolerance:
         replicas = len(gen.members) // self.replica_size
         if not gen.joined:
             return job, f"after step {step}: {gen.reason}; training on {replicas} replicas"
-        line = (f"replica rejoined after step {step}: ranks {', '.join(map(str, gen.joined))} received the weights and "
-                f"optimizer state from their peers; training on {replicas} replicas "
-                f"({time.monotonic() - start:.1f} s)")
-        return job, line
+        return job, self._rejoined(job, gen, step, time.monotonic() - start)
+
+    def _rejoined(self, job, gen: Generation, step: int, seconds: float) -> str:
+        """The one line, the same on every rank (rank 0 of the new world may be a newcomer's):
+        collective, the slowest rank's time."""
+        slowest = torch.tensor([seconds], dtype=torch.float64, device=job.mesh.device)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        return (f"replica rejoined after step {step}: ranks {', '.join(map(str, gen.joined))} received the weights "
+                f"and optimizer state from their peers; training on {len(gen.members) // self.replica_size} "
+                f"replicas ({slowest.item():.1f} s)")
 
     def join(self, build, run_plan):
-        """A restarted replica's first job: built in the world that takes it in, state from peers."""
-        job = build(plan_for(run_plan, self.world.generation))
+        """A restarted replica's first job, built in the world that takes it in, its state from
+        its peers: (job, the first step, one line)."""
+        start = time.monotonic()
+        gen = self.world.generation
+        job = build(plan_for(run_plan, gen))
         step = transfer_state(job, None, [], None)
         self.snapshots.take(job, step)
-        return job, step + 1
+        return job, step + 1, self._rejoined(job, gen, step, time.monotonic() - start)

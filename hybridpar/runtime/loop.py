@@ -74,8 +74,10 @@ def train(run, hooks=(), print_fn=print, stop=None) -> TrainOutcome:
     tolerance = _tolerance(run)
     hooks = ([tolerance.snapshots] if tolerance else []) + list(hooks)
     if tolerance is not None and tolerance.joining():
-        job, first = tolerance.join(build, run.plan)
+        job, first, line = tolerance.join(build, run.plan)
         _world_changed(hooks, job)
+        if dist.get_rank() == 0:
+            print_fn(f"hybridpar train: {line}")
     else:
         job, first = build(plan), 1
         for hook in hooks:

@@ -30,7 +30,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 30
 TOL = 1e-5
-COMMON = ["--global-batch", "24", "--micro-batch", "2", "--steps", str(STEPS), "--timeout-s", "120", "--no-progress"]
+COMMON = ["--global-batch", "24", "--micro-batch", "2", "--steps", str(STEPS), "--timeout-s", "60", "--no-progress"]
 DP4 = ["--tp", "2", "--pp", "1", "--dp", "4"]
 
 
@@ -132,3 +132,22 @@ def test_a_restarted_replica_joins_from_its_peers_and_the_job_matches_four_repli
     assert "training on 4 replicas" in lines[0]
     _assert_equal(_metrics(base / "A"), _metrics(base / "DP4"), range(21, STEPS + 1))
     assert not (base / "A" / "ckpt").exists()  # nothing was read from or written to disk for it
+
+
+def test_a_loss_that_leaves_a_layout_that_cannot_train_ends_the_job_in_one_line(tmp_path):
+    """DP5 loses replica 4 after step 2 and goes on with 4; then replica 3 after step 4: 20 sequences
+    do not divide over 3 replicas, so every rank stops with exit 5 and one line, no traceback (the
+    batch flags given here override COMMON's)."""
+    out = tmp_path / "run"
+    proc = _train(out, 5, "--tp", "1", "--pp", "1", "--dp", "5", "--zero", "1", "--global-batch", "20",
+                  "--micro-batch", "1", "--tolerate-replica-loss", "--no-save",
+                  fault="kill-after-step:rank=4:step=2;kill-after-step:rank=3:step=4", code=5)
+    errors = _lines(proc.stderr, "hybridpar train: error:")
+    assert errors == [
+        f"hybridpar train: error: replica 3 (ranks 3) lost in step 5: rank 3 (pid {errors[0].split('pid ')[1].split(')')[0]}) "
+        "died: signal SIGKILL; the 3 replica(s) left cannot go on: global batch 20 not divisible by dp x micro-batch "
+        "= 3 x 1; resume from the last checkpoint (--resume auto) on a layout that fits"], proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr
+    assert sorted(_metrics(out)) == [1, 2, 3, 4]
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "failed" and status["exit_code"] == 5

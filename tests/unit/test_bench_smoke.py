@@ -183,6 +183,10 @@ BAD_BENCH_INVOCATIONS = [
     ("kernels", ["--sizes", "4096,0"]), ("kernels", ["--sizes", "4k"]), ("kernels", ["--seconds", "0"]), ("kernels", ["--soak", "-1"]),
     ("init", ["--gpus", "0"]), ("init", ["--recipe", "no/such.yaml"]), ("init", ["--gpus", "7"]),
     ("async_save", ["--nproc", "0"]), ("async_save", ["--save-every", "x"]),
+    ("replica_soak", ["--steps", "100", "--kills", "8"]), ("replica_soak", ["--rejoin-after-s", "0"]),
+    ("replica_soak", ["--name", "../x"]), ("replica_soak", ["--kills", "0"]),
+    ("failure_cost", ["--kill-step", "30", "--save-every", "40"]), ("failure_cost", ["--kill-step", "200"]),
+    ("failure_cost", ["--repeats", "0"]), ("failure_cost", ["--name", "a b"]),
 ]
 
 

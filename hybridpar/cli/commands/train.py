@@ -174,6 +174,8 @@ def _run_rank(run, claimed: bool, launched: bool, overwrite: bool = False) -> in
     _quiet_libraries()
     from hybridpar.launch.local import init_distributed, is_lost_peer, lost_peer, shutdown
     from hybridpar.observe.metrics import StepMonitor
+    from hybridpar.launch.tolerant import CANNOT_GO_ON
+    from hybridpar.reliability.replica_loss import ReplicaLossError, speaks
     from hybridpar.reliability.replicas import ReplicaDriftError
     from hybridpar.reliability.stopping import StopConditions
     from hybridpar.runtime.loop import run_hooks, train
@@ -213,6 +215,10 @@ def _run_rank(run, claimed: bool, launched: bool, overwrite: bool = False) -> in
         if rank0:
             print(f"hybridpar train: error: {err}", file=sys.stderr, flush=True)
         code = 2
+    except ReplicaLossError as err:  # --tolerate-replica-loss: the replicas left cannot go on
+        if speaks():
+            print(f"hybridpar train: error: {err}", file=sys.stderr, flush=True)
+        code, failed = CANNOT_GO_ON, True
     except Exception as err:
         if is_lost_peer(err):
             lost_peer(err)  # does not return: the process group is unusable, a barrier would fail or hang
@@ -224,7 +230,7 @@ def _run_rank(run, claimed: bool, launched: bool, overwrite: bool = False) -> in
             held.release()
     # A rank under a launcher ends a clean early stop with 0, so the agent reports no failed
     # ranks; the launcher (or a job script) reads the stop's code from status.json (_exit_code).
-    return 0 if launched and code not in (2, 3) else code
+    return 0 if launched and code not in (2, 3, CANNOT_GO_ON) else code
 
 
 def _claim_on_rank0(run, overwrite: bool):
@@ -281,4 +287,6 @@ def _exit_code(out: str, launcher_code: int) -> int:
         return launcher_code
     if status.get("status") == "stopped" and launcher_code in (0,) + tuple(range(128, 160)):
         return int(status["exit_code"])
+    if status.get("status") == "running" and launcher_code != 0:  # no rank could say: a rank died, or no way on
+        _write_status(out, {**status, "status": "failed", "exit_code": launcher_code})
     return launcher_code
