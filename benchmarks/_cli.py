@@ -64,6 +64,15 @@ def nonnegative_float(text: str) -> float:
     return value
 
 
+def result_name(text: str) -> str:
+    """argparse ``type=`` for ``--name``: a file name in benchmarks/results/."""
+    import re
+
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: use letters, digits, '.', '_' or '-' (a file name in benchmarks/results/)")
+    return text
+
+
 def int_list(parser: argparse.ArgumentParser, flag: str, text: str, allowed=None, hint: str = "") -> list[int]:
     """The integers of a comma-separated option (``--dp 1,2,4``); ``parser.error`` names the first
     entry that is not an integer or not in ``allowed`` (``hint`` says why those)."""

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 from hybridpar.benchmarks import _runs
-from hybridpar.benchmarks._cli import BenchParser, positive_int
+from hybridpar.benchmarks._cli import BenchParser, positive_int, result_name
 from hybridpar.benchmarks.results_io import write_result
 
 LAYOUT = ["--tp", "2", "--pp", "1", "--dp", "4", "--zero", "1", "--global-batch", "24", "--micro-batch", "2"]
@@ -101,13 +101,11 @@ def main(argv=None) -> int:
                         help="the step rank 5 dies in (default: half a save interval after a save)")
     parser.add_argument("--repeats", type=positive_int, default=3)
     parser.add_argument("--work", help="working directory (default: a temporary one)")
-    parser.add_argument("--name", default="failure_cost", help="result file name in benchmarks/results/")
+    parser.add_argument("--name", type=result_name, default="failure_cost", help="result file name in benchmarks/results/")
     args = parser.parse_args(argv)
     if not args.save_every < args.kill_step < args.steps:
         parser.error(f"--kill-step {args.kill_step} must lie after the first save (--save-every {args.save_every}) "
                      f"and before --steps {args.steps}")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.name):
-        parser.error(f"--name {args.name!r}: use letters, digits, '.', '_' or '-' (a file name in benchmarks/results/)")
     work = Path(args.work or tempfile.mkdtemp(prefix="hybridpar-failure-cost-"))
     if work.exists() and any(work.iterdir()):
         parser.error(f"--work {work}: not empty; give a new directory")

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from hybridpar.benchmarks import _runs
-from hybridpar.benchmarks._cli import BenchParser, positive_int
+from hybridpar.benchmarks._cli import BenchParser, positive_int, result_name
 from hybridpar.benchmarks.results_io import write_result
 
 LAYOUT = ["--tp", "2", "--pp", "1", "--dp", "4", "--zero", "1", "--global-batch", "24", "--micro-batch", "2"]
@@ -101,14 +101,12 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="draws the kills' steps, ranks and kinds")
     parser.add_argument("--rejoin-after-s", type=float, default=1.0, help="a lost replica is started again this much later")
     parser.add_argument("--work", help="working directory (default: a temporary one)")
-    parser.add_argument("--name", default="replica_soak", help="result file name in benchmarks/results/")
+    parser.add_argument("--name", type=result_name, default="replica_soak", help="result file name in benchmarks/results/")
     args = parser.parse_args(argv)
     if args.steps < 20 * args.kills:
         parser.error(f"--steps {args.steps} leaves fewer than 20 steps a kill; give --steps {20 * args.kills} or fewer --kills")
     if not args.rejoin_after_s > 0:
         parser.error(f"--rejoin-after-s {args.rejoin_after_s}: give a positive number of seconds")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.name):
-        parser.error(f"--name {args.name!r}: use letters, digits, '.', '_' or '-' (a file name in benchmarks/results/)")
     work = Path(args.work or tempfile.mkdtemp(prefix="hybridpar-replica-soak-"))
     if any((work / name).exists() for name in ("soak", "fault-free", "fault-free-dp3")):
         parser.error(f"--work {work}: holds an earlier soak; give a new directory")

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from hybridpar.benchmarks import _runs
-from hybridpar.benchmarks._cli import BenchParser, positive_int
+from hybridpar.benchmarks._cli import BenchParser, positive_int, result_name
 from hybridpar.benchmarks.results_io import write_result
 
 LAUNCH_S = 120  # allowance per launch (imports, engine start) before "no progress" counts as a hang
@@ -150,7 +150,7 @@ def main(argv=None) -> int:
     parser.add_argument("--nproc", type=positive_int, default=NPROC, help=f"ranks: {NPROC} (the recipe's TP2 x PP2 x DP2)")
     parser.add_argument("--timeout-s", type=positive_int, default=60, help="process-group timeout of the runs")
     parser.add_argument("--work", help="working directory (default: a temporary one, removed afterwards)")
-    parser.add_argument("--name", default="soak", help="result file name in benchmarks/results/")
+    parser.add_argument("--name", type=result_name, default="soak", help="result file name in benchmarks/results/")
     args = parser.parse_args(argv)
     if args.nproc != NPROC:
         parser.error(f"--nproc {args.nproc}: use {NPROC}; recipes/tiny.yaml is laid out as TP2 x PP2 x DP2 = 8 ranks")
@@ -160,8 +160,6 @@ def main(argv=None) -> int:
     if args.kill_every >= args.steps:
         parser.error(f"--kill-every {args.kill_every} must be below --steps {args.steps}, or no rank is ever killed; "
                      f"give more --steps or a smaller --kill-every")
-    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", args.name):
-        parser.error(f"--name {args.name!r}: use letters, digits, '.', '_' or '-' (a file name in benchmarks/results/)")
     if args.work and Path(args.work).exists() and not Path(args.work).is_dir():
         parser.error(f"--work {args.work}: exists and is not a directory; give a directory or a new path")
     work = Path(args.work or tempfile.mkdtemp(prefix="hybridpar-soak-"))
