@@ -154,7 +154,7 @@ class TolerantWorld:
 def rendezvous_timeout_s(timeout_s: float) -> float:
     """How long a new world's members wait for each other. Longer than an operation's timeout: a
     survivor can stay in an operation of the world it left until that operation times out (seen
-    on gloo under load, about one loss in ten), and the others wait for it instead of giving up."""
+    on gloo under load, docs/training.md), and the others wait for it instead of giving up."""
     return 2 * timeout_s + 30
 
 
