@@ -21,12 +21,14 @@ import threading
 import time
 
 LAUNCHER_PID = "HYBRIDPAR_LAUNCHER_PID"  # the agent's pid, set by the agents hybridpar runs
+# Set (to its store's address) by launch/tolerant.py's launcher, the one agent that is not torch's
+TOLERANT_STORE = "HYBRIDPAR_TOLERANT_STORE"
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def die_with_launcher() -> None:
-    if "TORCHELASTIC_RUN_ID" not in os.environ and LAUNCHER_PID not in os.environ:
-        return  # not started by an agent of hybridpar's or torch's: SLURM's srun or a user's shell supervises it
+    if "TORCHELASTIC_RUN_ID" not in os.environ and TOLERANT_STORE not in os.environ:
+        return  # not started by an agent of torch's or hybridpar's: SLURM's srun or a user's shell supervises it
     # Without LAUNCHER_PID (plain torchrun) the parent now is taken as the agent.
     launcher = int(os.environ.get(LAUNCHER_PID) or os.getppid())
     if os.getppid() == launcher and sys.platform.startswith("linux") and _parent_death_signal(signal.SIGKILL):

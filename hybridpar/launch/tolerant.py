@@ -29,9 +29,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from hybridpar.launch.launcher_death import LAUNCHER_PID
+from hybridpar.launch.launcher_death import LAUNCHER_PID, TOLERANT_STORE
 
-STORE_ENV = "HYBRIDPAR_TOLERANT_STORE"  # host:port of the launcher's store, for the ranks
+STORE_ENV = TOLERANT_STORE  # host:port of the launcher's store, for the ranks
 MEMBER_ENV = "HYBRIDPAR_MEMBER"  # a rank's permanent member id
 POLL_S = 0.1
 # Exit codes by which every rank ends the job on purpose (bad input, replica drift, an early stop,

@@ -316,13 +316,13 @@ def transfer_state(job, snapshots: Snapshots | None, lost: list[int], step: int 
     return step
 
 
-def describe_loss(gen: Generation, replica_size: int, in_flight: int, restored: int) -> str:
+def describe_loss(gen: Generation, replica_size: int, in_flight: int, restored: int | None = None) -> str:
+    """'replica R (ranks A-B) lost in step N: why' ('after step N' when step N was complete)."""
     lost = gen.lost
     replica = lost[0] // replica_size if lost else "?"
     ranks = f"{lost[0]}-{lost[-1]}" if len(lost) > 1 else str(lost[0]) if lost else "?"
     when = f"after step {in_flight}" if restored == in_flight else f"in step {in_flight}"
-    return (f"replica {replica} (ranks {ranks}) lost {when}: {gen.reason}; "
-            f"continuing on {len(gen.members) // replica_size} replicas")
+    return f"replica {replica} (ranks {ranks}) lost {when}: {gen.reason}"
 
 
 class Tolerance:
@@ -345,16 +345,16 @@ class Tolerance:
         layout = plan_for(run_plan, gen)
         problems = layout.violations()
         if problems:
-            raise ReplicaLossError(f"{describe_loss(gen, self.replica_size, step_in_flight, step_in_flight - 1)}"
-                                   .split("; continuing on")[0] + f"; the {layout.dp} replica(s) left cannot go on: "
-                                   f"{problems[0]}; resume from the last checkpoint (--resume auto) on a layout that fits")
+            raise ReplicaLossError(f"{describe_loss(gen, self.replica_size, step_in_flight)}; the {layout.dp} "
+                                   f"replica(s) left cannot go on: {problems[0]}; resume from the last checkpoint "
+                                   f"(--resume auto) on a layout that fits")
         job = build(layout)
         last = self.snapshots.own[-1].step if self.snapshots.own else None
         step = transfer_state(job, self.snapshots, gen.lost, last)
         self.snapshots.forget()
         self.snapshots.take(job, step)  # the restored state, in the new layout: a second loss can start here
-        line = (f"{describe_loss(gen, self.replica_size, step_in_flight, step)} from the state after step {step}; "
-                f"recovered in {time.monotonic() - start:.1f} s")
+        line = (f"{describe_loss(gen, self.replica_size, step_in_flight, step)}; continuing on {layout.dp} replicas "
+                f"from the state after step {step}; recovered in {time.monotonic() - start:.1f} s")
         return job, step + 1, line
 
     def someone_waits(self, job) -> bool:

@@ -75,14 +75,15 @@ def test_without_an_elastic_agent_nothing_changes():
     assert rank.communicate(timeout=60)[0] == "ran on\n" and rank.returncode == 0
 
 
-def test_sigkilled_launcher_leaves_no_rank(tmp_path):
+@pytest.mark.parametrize("extra", [[], ["--tolerate-replica-loss"]], ids=["elastic-agent", "tolerant-launcher"])
+def test_sigkilled_launcher_leaves_no_rank(tmp_path, extra):
     recipe = tmp_path / "long-warmup.yaml"
     recipe.write_text((ROOT / "recipes" / "tiny.yaml").read_text().replace("warmup_steps: 2", "warmup_steps: 1000000"))
     log = tmp_path / "launch.log"
     with open(log, "w") as out:
         launcher = subprocess.Popen(
             [sys.executable, "-m", "hybridpar", "train", "--recipe", str(recipe), "--nproc", "8", "--steps", "100000",
-             "--out", str(tmp_path / "run")], cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT,
+             "--out", str(tmp_path / "run"), *extra], cwd=ROOT, env=ENV, stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True)
     ranks: set[int] = set()
     try:
