@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from hybridpar.benchmarks._dist import ROOT
+
 TINY = ROOT / "recipes" / "tiny.yaml"
 
 

@@ -272,8 +272,7 @@ class Snapshots:
 # --- rebuilding the job in a new world --------------------------------------------------------
 def plan_for(plan, gen: Generation):
     """The layout of ``plan`` with the generation's number of replicas."""
-    replica = plan.tp * plan.cp * plan.pp
-    return plan.with_(dp=len(gen.members) // replica)
+    return plan.with_(dp=len(gen.members) // plan.layout.model_parallel_size)
 
 
 def transfer_state(job, snapshots: Snapshots | None, lost: list[int], step: int | None) -> int:
@@ -330,7 +329,7 @@ class Tolerance:
 
     def __init__(self, plan, backend: str, rejoins: bool):
         self.world, self.backend, self.rejoins = world(), backend, rejoins
-        self.replica_size = plan.tp * plan.cp * plan.pp
+        self.replica_size = plan.layout.model_parallel_size
         self.snapshots = Snapshots(self.world)
 
     def joining(self) -> bool:

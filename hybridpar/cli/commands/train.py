@@ -159,9 +159,8 @@ def run(args) -> int:
             if run.reliability.tolerate_replica_loss:
                 from hybridpar.launch.tolerant import TolerantLauncher
 
-                p = run.plan
-                code = TolerantLauncher(args.nproc, argv, p.tp * p.cp * p.pp, run.reliability.rejoin_after_s,
-                                        run.reliability.timeout_s).run()
+                code = TolerantLauncher(args.nproc, argv, run.plan.layout.model_parallel_size,
+                                        run.reliability.rejoin_after_s, run.reliability.timeout_s).run()
             else:
                 code = launch_local(args.nproc, argv, stop_grace_s=run.reliability.timeout_s)
             return _exit_code(run.out, code)
