@@ -22,7 +22,8 @@ DATA = Path(__file__).resolve().parent / "data"
 CASES_PATH = DATA / "public_cases.json"
 # Out-of-sample runs, same fields plus "software" (a topology.software profile name) and, where
 # they apply, "network_gbit_per_gpu" (the cluster's scale-out NIC per GPU), "tied_embeddings",
-# "outcome" ("ran", or "oom": the layout ran out of memory, no timing), "reported_memory_gb" (the
+# "outcome" ("ran", or "oom": the layout ran out of memory, no timing), "optimizer_state_dtype"
+# ("bf16" where the run's optimizer kept its state in bf16), "reported_memory_gb" (the
 # run's published peak) and "sweep" (layouts of one model on one cluster, ranked against each
 # other); docs/planner.md gives their provenance.
 VALIDATION_PATH = DATA / "validation_runs.json"
@@ -40,13 +41,19 @@ def load_cases(path: Path = CASES_PATH) -> list[dict]:
 def _modern(case: dict) -> bool:
     """megatron-core era (2024+): FlashAttention-class kernels, sequence parallelism, untied
     embeddings (Llama 3, Nemotron-4)."""
-    return case["id"].startswith("llama3") or case.get("software") == "megatron-core"
+    profile = PROFILES.get(case.get("software", ""))
+    return case["id"].startswith("llama3") or (profile is not None and profile.flash_attention)
 
 
 def case_software(case: dict) -> tuple[Software, GPU]:
     gpu = get_gpu(case["gpu"].lower())
     if case.get("network_gbit_per_gpu"):
         gpu = replace(gpu, network_gbps=case["network_gbit_per_gpu"] / 8)
+    if case.get("optimizer_state_dtype") == "bf16":
+        # apex DistributedFusedAdam with dtype bf16 (nemotron4-340b-synth.yaml): parameter copy and
+        # both moments in bf16
+        sw = replace(PROFILES[case["software"]], optimizer_state_bytes_per_param=6)
+        return sw, gpu
     if case.get("software") in PROFILES:
         # e.g. NeMo/megatron-core recipes: distributed optimizer, overlapped grad reduce / param
         # gather / p2p, cuDNN or FlashAttention kernels: hybridpar's layers, classic ZeRO-2.

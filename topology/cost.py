@@ -62,9 +62,14 @@ MAMF_K = 4096
 # seq / (seq + 256) to within 3%; head dimension 64 about 0.85 of 128's rate (same figure) [R].
 ATTN_SHORT_SEQ = 256
 ATTN_HEAD64 = 0.85
-# Adam step per parameter of the optimizer shard: read and write fp32 master, momentum and
-# variance (24 B), read the gradient (4 B), write the 16-bit weight (2 B).
-OPTIMIZER_BYTES_PER_PARAM = 30
+
+
+def optimizer_step_bytes(sw: Software) -> int:
+    """HBM bytes of the Adam step per parameter of the optimizer shard: read and write the master
+    weights, momentum and variance (2 x 12 in fp32, 2 x 6 in bf16), read the gradient as fp32 (4),
+    write the 16-bit weight (2)."""
+    return 2 * sw.optimizer_state_bytes_per_param + 4 + 2
+
 # Gradient bucket of the overlapped DP reduction: megatron-core's default 40M elements
 # (DistributedDataParallelConfig: max(40M, 1M x dp)); hybridpar/zero/grad_sync.py uses this one.
 GRAD_BUCKET_NUMEL = 40_000_000
@@ -216,7 +221,11 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
             column.append((dgrad, wgrad))
     heads = m.heads // tp
     if sw.flash_attention:
-        fraction = (sw.attention_fraction or gpu.attention_fraction) * attention_shape_factor(seq, d)
+        # With context parallelism each kernel call sees one ring step's keys, seq / cp (megatron-core's
+        # CP through Transformer Engine: cp steps per layer, each a FlashAttention call on the local
+        # queries and one peer's keys and values), so its fixed per-query-block cost is amortised over
+        # s / cp, not s.
+        fraction = (sw.attention_fraction or gpu.attention_fraction) * attention_shape_factor(seq // cp, d)
         af = causal_attention_flops(mb, s_loc, seq, heads, d) / (peak16 * fraction)
         ab = FLASH_BACKWARD_RATIO * af
     else:
@@ -482,7 +491,7 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
     dp = _dp_time(plan, gpu, sw, n_params, fwd_mb, bwd_mb, fwd_mb + bwd_mb + tp_mb)
     tied = _tied_embedding_sync(plan, gpu, sw)
     shard = n_params / (plan.zero_group if plan.zero_stage >= 1 else 1)
-    optimizer = hbm_time(OPTIMIZER_BYTES_PER_PARAM * shard, gpu)
+    optimizer = hbm_time(optimizer_step_bytes(sw) * shard, gpu)
 
     step = n_mb * mb_total + bubble + dp + tied + optimizer
     flops = plan.global_batch * model_flops_per_seq(m, plan.seq_len)

@@ -110,7 +110,7 @@ class StageMemory:
 
 
 def model_state_bytes(n_params: float, dp: int, zero_stage: int, fp32_grads: bool = False,
-                      zero2_reduce_once: bool = False):
+                      zero2_reduce_once: bool = False, optimizer_bytes: int = 12):
     """(weights, gradients, optimizer) bytes per GPU for n_params held by its model-parallel rank.
 
     ``zero2_reduce_once`` (hybridpar's ZeRO-2, software.Software): the gradients accumulate in a
@@ -120,7 +120,7 @@ def model_state_bytes(n_params: float, dp: int, zero_stage: int, fp32_grads: boo
     weights = 2 * n_params / (dp if zero_stage >= 3 else 1)
     sharded_grads = zero_stage >= 3 or (zero_stage == 2 and not zero2_reduce_once)
     grads = grad_bytes * n_params / (dp if sharded_grads else 1)
-    optimizer = 12 * n_params / (dp if zero_stage >= 1 else 1)
+    optimizer = optimizer_bytes * n_params / (dp if zero_stage >= 1 else 1)
     return weights, grads, optimizer
 
 
@@ -195,7 +195,7 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMem
     m, t = plan.model, plan.tp
     n = params_per_rank(plan, stage)
     weights, grads, optimizer = model_state_bytes(n, plan.zero_group, plan.zero_stage, sw.fp32_grads,
-                                                  sw.zero2_reduce_once)
+                                                  sw.zero2_reduce_once, sw.optimizer_state_bytes_per_param)
 
     tokens = plan.micro_batch * plan.seq_len / plan.cp
     chunks = in_flight(plan, stage.rank)

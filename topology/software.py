@@ -122,6 +122,10 @@ class Software:
     # and whether the pipeline keeps each in-flight micro-batch's stage output in a buffer of its own.
     optimizer_temp_bytes_per_param: int = 0
     pipeline_output_buffers: bool = False
+    # Optimizer state per parameter of the shard: fp32 master weights, momentum and variance (12,
+    # Rajbhandari et al. 2020); apex's DistributedFusedAdam keeps all three in its `dtype` (6 with
+    # dtype bf16).
+    optimizer_state_bytes_per_param: int = 12
     # Forward TP collectives are never overlapped: megatron-core runs them synchronously unless
     # Transformer Engine's userbuffers are set up, which hybridpar does not do.
 
@@ -163,6 +167,16 @@ HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1,
 MEGATRON_CORE = replace(HYBRIDPAR, name="megatron-core", label="megatron-core", zero2_reduce_once=False,
                         zero_stages=(0, 1, 2, 3), grad_accum_bytes_per_param=0, optimizer_temp_bytes_per_param=0,
                         rope_fusion=True, swiglu_fusion=True, rope_copies_kept=False)
+# NeMo 1 (the NeMo-Framework-Launcher YAML recipes of NVIDIA's dgxc-benchmarking 24.09-24.11: the
+# llama3.1_8b/70b/405b.yaml and nemotron4-15b/340b-synth.yaml files of its v24.11.1 tag [V]):
+# megatron-core layers under apex's DistributedFusedAdam ("optim: name: distributed_fused_adam",
+# overlap_grad_sync and overlap_param_sync true, contiguous_grad_buffer true, grad_sync_dtype bf16).
+# apex/contrib/optimizers/distributed_fused_adam.py [V]: gradients live in a contiguous buffer of
+# grad_sync_dtype and are reduce-scattered in it, so 2 bytes per parameter and a bf16 reduction;
+# the optimizer state (a copy of the parameters, store_params, plus both moments) is sharded over DP
+# in `dtype`, fp32 unless the recipe says otherwise (cases.py: optimizer_state_dtype).
+NEMO_DFA = replace(MEGATRON_CORE, name="nemo-distributed-fused-adam", label="NeMo 1 with apex DistributedFusedAdam",
+                   fp32_grads=False)
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
 # DP all-reduce after the pipeline flush (--DDP-impl local: allreduce_gradients() after the
@@ -211,5 +225,5 @@ DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, name="deepspeed-pipe-bf16",
 
 # `hybridpar plan --software NAME`: plan for hybridpar's runtime (default) or evaluate a layout
 # under the stack a published run used.
-PROFILES = {sw.name: sw for sw in (HYBRIDPAR, MEGATRON_CORE, MEGATRON_2021, MEGATRON_2022, MEGATRON_2021_TORCH_DDP,
+PROFILES = {sw.name: sw for sw in (HYBRIDPAR, MEGATRON_CORE, NEMO_DFA, MEGATRON_2021, MEGATRON_2022, MEGATRON_2021_TORCH_DDP,
                                    DEEPSPEED_BF16_PIPE)}

@@ -271,10 +271,10 @@ def test_b200_is_in_the_catalogue_and_plans_faster_than_h100(capsys):
 
 
 def test_readme_figures_for_a_measured_h100_and_for_b200(tmp_path, capsys):
-    """README ("Planning a layout"): Llama 3 405B on 16,384 H100s plans TP8 CP2 PP32 VPP4 DP32 at 5.39 s;
+    """README ("Planning a layout"): Llama 3 405B on 16,384 H100s plans TP8 CP2 PP32 VPP4 DP32 at 5.40 s;
     with gemm_fraction 0.68 in a GPU file it prefers TP8 CP2 PP16 VPP8 DP64 (the catalogue's second,
-    whose bubble is half as long, costs less once the GEMMs are slower) at 6.03 s; on 16,384 B200s it
-    plans the catalogue H100's layout at 2.71 s."""
+    whose bubble is half as long, costs less once the GEMMs are slower) at 6.04 s; on 16,384 B200s it
+    plans the catalogue H100's layout at 2.72 s."""
     path = tmp_path / "my-h100.yaml"
     path.write_text("base: h100-80gb\ngemm_fraction: 0.68\n")
     argv = ["--model", "llama3-405b", "--gpus", "16384", "--top", "1", "--json"]
@@ -283,8 +283,8 @@ def test_readme_figures_for_a_measured_h100_and_for_b200(tmp_path, capsys):
     (measured,) = json.loads(run([*argv, "--gpu", str(path)], capsys)[1])["plans"]
     (b200,) = json.loads(run([*argv, "--gpu", "b200-180gb"], capsys)[1])["plans"]
     assert layout(catalogue) == (8, 2, 32, 4, 32) and layout(measured) == (8, 2, 16, 8, 64)
-    assert round(catalogue["step_time_s"], 2) == 5.39 and round(measured["step_time_s"], 2) == 6.03
-    assert layout(b200) == (8, 2, 32, 4, 32) and round(b200["step_time_s"], 2) == 2.71
+    assert round(catalogue["step_time_s"], 2) == 5.40 and round(measured["step_time_s"], 2) == 6.04
+    assert layout(b200) == (8, 2, 32, 4, 32) and round(b200["step_time_s"], 2) == 2.72
 
 
 def test_every_plan_carries_ranges_and_its_validated_region(capsys):

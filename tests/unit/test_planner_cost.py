@@ -286,6 +286,25 @@ def test_flash_attention_rate_follows_sequence_length_and_head_dimension():
     assert attention_shape_factor(2048, 64) < attention_shape_factor(2048, 128) < 1
 
 
+def test_context_parallel_attention_amortises_over_one_ring_steps_keys():
+    """With CP each FlashAttention call sees seq / cp keys: the attention core of a layer costs its causal
+    FLOPs at the attention fraction times attention_shape_factor(seq / cp). Isolated by halving the
+    fraction, which doubles the attention core and nothing else."""
+    from dataclasses import replace
+
+    from hybridpar.topology.cost import attention_shape_factor, causal_attention_flops, layer_time
+    from hybridpar.topology.software import MEGATRON_CORE
+
+    m, gpu, seq, cp = PRESETS["llama3-8b"], get_gpu("h100-80gb"), 8192, 4
+    fast, slow = (replace(MEGATRON_CORE, attention_fraction=a) for a in (0.5, 0.25))
+    core = (layer_time(m, gpu, "bf16", seq, 1, 1, cp, True, "none", slow, 8).fwd
+            - layer_time(m, gpu, "bf16", seq, 1, 1, cp, True, "none", fast, 8).fwd)
+    expected = causal_attention_flops(1, seq // cp, seq, m.heads, m.head_dim) / (
+        gpu.bf16_tflops * 1e12 * 0.5 * attention_shape_factor(seq // cp, m.head_dim))
+    assert core == pytest.approx(expected, rel=1e-9)
+    assert attention_shape_factor(seq // cp, m.head_dim) < attention_shape_factor(seq, m.head_dim)
+
+
 def test_megatron_lm_2022_is_2021_with_sequence_parallelism_and_selective_recomputation():
     """Korthikanti et al. 2022's stack: GPT-3 175B at TP8 PP8 with SP and selective recomputation is
     faster than Megatron-LM 2021's full recomputation of the same layout, and ZeRO-2 is not part of it."""

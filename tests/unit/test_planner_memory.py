@@ -150,3 +150,21 @@ def test_lighter_end_stages_split_llama3_405b():
     assert not plan.violations()
     assert [s.layers for s in stages(plan)] == [7, 8, 7]
     assert Plan(m, 8192, 2048, tp=8, pp=16, dp=128).violations()  # 126 does not divide by 16
+
+
+def test_nemo_distributed_fused_adam_holds_bf16_gradients_and_its_state_in_its_dtype():
+    """apex DistributedFusedAdam as NeMo 1's recipes configure it (grad_sync_dtype bf16): a 2-byte gradient
+    buffer; its state (parameter copy and two moments) in fp32, or in bf16 where the recipe says dtype
+    bf16; the Adam step moves that state twice."""
+    from dataclasses import replace
+
+    from hybridpar.topology.cost import optimizer_step_bytes
+    from hybridpar.topology.software import MEGATRON_CORE, PROFILES
+
+    nemo = PROFILES["nemo-distributed-fused-adam"]
+    assert not nemo.fp32_grads and MEGATRON_CORE.fp32_grads
+    assert model_state_bytes(1e9, 8, 1, nemo.fp32_grads, optimizer_bytes=nemo.optimizer_state_bytes_per_param) == (
+        pytest.approx(2e9), pytest.approx(2e9), pytest.approx(12e9 / 8))
+    bf16_state = replace(nemo, optimizer_state_bytes_per_param=6)
+    assert model_state_bytes(1e9, 8, 1, optimizer_bytes=6)[2] == pytest.approx(6e9 / 8)
+    assert optimizer_step_bytes(MEGATRON_CORE) == 30 and optimizer_step_bytes(bf16_state) == 18
