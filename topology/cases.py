@@ -62,7 +62,8 @@ def case_software(case: dict) -> tuple[Software, GPU]:
         # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2, as megatron-core's
         # profile); FlashAttention-2 on H100 reaches "only 35% utilization" (FlashAttention-3 paper,
         # abstract).
-        return replace(MEGATRON_CORE, attention_fraction=0.35), gpu
+        # Its ranks are ordered [TP, CP, PP, DP] innermost first (§3.3.2), DP outermost.
+        return replace(MEGATRON_CORE, attention_fraction=0.35, dp_inside_pp=False), gpu
     if case["id"].startswith("bloom"):
         # Jean Zay: 4 Omni-Path 100 Gb/s links per 8-GPU node = 6.25 GB/s per GPU (BLOOM README).
         return DEEPSPEED_BF16_PIPE, replace(gpu, network_gbps=4 * 100 / 8 / 8)

@@ -380,11 +380,41 @@ def after_first_backward(n_mb: int, mb_s: float, fwd_s: float, pp: int, vpp: int
     return n_mb * mb_s - fwd_s * (pp - (pp - 1) / vpp)
 
 
-def dp_inside_node(plan: Plan) -> bool:
-    """Whether DP traffic stays on NVLink. DP outermost: the DP x CP group, and every rank's peer
-    in the neighbouring replica, stay inside a node when the whole job does, or, without DP, when
-    the TP x CP block does (as the CP group)."""
-    return plan.world_size <= plan.gpus_per_node or (plan.dp == 1 and plan.tp * plan.cp <= plan.gpus_per_node)
+def dp_ranks_per_node(plan: Plan, sw: Software = HYBRIDPAR) -> int:
+    """Members of a rank's DP x CP group (the group its gradients are reduced over) on its node.
+    hybridpar lays ranks out [TP, CP, PP, DP] innermost first, as Llama 3 did: CP peers are TP
+    ranks apart, DP peers TP x CP x PP apart. Megatron-LM puts DP inside PP (megatron-core
+    parallel_state order "tp-cp-ep-dp-pp"; Megatron-LM 2021's and DeepSpeed's
+    PipeModelDataParallelTopology, axes pipe, data, model): the DP x CP group is every TP-th rank
+    of a block, so with TP < GPUs per node several of its members share a node."""
+    g = plan.gpus_per_node
+    if sw.dp_inside_pp:
+        return max(1, min(plan.zero_group, g // plan.tp))
+    return max(1, min(plan.cp, g // plan.tp)) * max(1, min(plan.dp, g // (plan.tp * plan.cp * plan.pp)))
+
+
+def dp_inside_node(plan: Plan, sw: Software = HYBRIDPAR) -> bool:
+    """Whether DP traffic stays on NVLink: the whole DP x CP group on one node."""
+    return dp_ranks_per_node(plan, sw) >= plan.zero_group
+
+
+def pp_crosses_nodes(plan: Plan, sw: Software = HYBRIDPAR) -> bool:
+    """Whether some pipeline hop leaves its node: pipeline peers are TP x CP ranks apart in hybridpar's
+    order, TP x CP x DP in Megatron's (dp_ranks_per_node)."""
+    stride = plan.tp * plan.cp * (plan.dp if sw.dp_inside_pp else 1)
+    return stride * plan.pp > plan.gpus_per_node
+
+
+def dp_link_gbps(plan: Plan, gpu: GPU, sw: Software) -> float:
+    """Bandwidth of the DP x CP ring's slowest hop. Inside a node: NVLink. Across nodes, a node's
+    m members of the ring are consecutive in it, and the node holds the rings of its other
+    GPUs too: each ring leaves the node once, over m GPUs' NICs' worth of the node's links
+    (NCCL spreads a communicator's channels over the node's NICs; nccl-tests' cross-node
+    all-reduce bus bandwidth with all 8 GPUs of each node in the communicator is the node's
+    NIC bandwidth, not one GPU's) [S]."""
+    if dp_inside_node(plan, sw):
+        return gpu.nvlink_gbps
+    return min(gpu.nvlink_gbps, dp_ranks_per_node(plan, sw) * gpu.network_gbps)
 
 
 def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float, bwd_mb: float,
@@ -394,13 +424,12 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
     d = plan.zero_group  # CP ranks hold the same weights: gradients are reduced over DP x CP
     if d == 1:
         return 0.0
-    bw = gpu.nvlink_gbps if dp_inside_node(plan) else gpu.network_gbps
+    bw = dp_link_gbps(plan, gpu, sw)
     ring = (d - 1) / d
     # one reduce-scatter and one all-gather call per gradient bucket
     # megatron-core's bucket grows with DP (DistributedDataParallelConfig: max(40M, 1M x dp))
     bucket = GRAD_BUCKET_NUMEL if sw.zero2_reduce_once else max(GRAD_BUCKET_NUMEL, 1_000_000 * d)
-    calls = ceil(n_params / bucket) * nccl_latency(
-        d - 1, d, group_nodes(d, plan.world_size if plan.dp > 1 else plan.tp * plan.cp, plan.gpus_per_node))
+    calls = ceil(n_params / bucket) * nccl_latency(d - 1, d, ceil(d / dp_ranks_per_node(plan, sw)))
     grad = link_time(ring * n_params * (4 if sw.fp32_grads else 2), bw) + calls  # reduce-scatter
     gather = link_time(ring * n_params * 2, bw) + calls  # all-gather of 16-bit weights
 
@@ -448,7 +477,7 @@ def _tied_embedding_sync(plan: Plan, gpu: GPU, sw: Software) -> float:
     tied-module all-reduce); a 2-rank ring moves the whole gradient once."""
     if not plan.model.tied_embeddings or plan.pp == 1:
         return 0.0
-    crosses = plan.tp * plan.cp * plan.pp > plan.gpus_per_node
+    crosses = pp_crosses_nodes(plan, sw)
     bw = gpu.network_gbps if crosses else gpu.nvlink_gbps
     return (link_time(plan.model.embedding_params / plan.tp * (4 if sw.fp32_grads else 2), bw)
             + nccl_latency(2, 2, 2 if crosses else 1, allreduce=True))
@@ -463,7 +492,7 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
     sp = plan.sequence_parallel and plan.tp > 1
     pp_msg = 0.0
     if plan.pp > 1 and not (sw.overlap_p2p and plan.vpp > 1):
-        crosses = plan.tp * plan.cp * plan.pp > plan.gpus_per_node
+        crosses = pp_crosses_nodes(plan, sw)
         bw = gpu.network_gbps if crosses else gpu.nvlink_gbps
         # Paired send+receive exchanges, or (blocking_p2p) a send and a receive one at a time.
         pp_msg = (2 if sw.blocking_p2p else 1) * (link_time(pp_message_bytes(plan, sw), bw)

@@ -3,6 +3,7 @@ from dataclasses import replace
 
 import pytest
 
+from hybridpar.topology.cost import dp_ranks_per_node
 from hybridpar.topology.memory import PARTS
 from hybridpar.topology.models import PRESETS
 from hybridpar.topology.plan import PlanError
@@ -37,17 +38,18 @@ def test_llama3_405b_best_plan_is_meta_layout_or_faster(llama_16k):
     # TP8 PP16 DP128 needs full recomputation.
     assert pinned.plan.recompute == "full"
     # Under megatron-core (fp32 gradient reduce-scatter and weight all-gather, both overlapped, as
-    # hybridpar's grad_sync and param_gather do at ZeRO-1) the best plan is one of hybridpar's top three
-    # (within 1% of its best), faster by the gradient accumulation its GEMMs fuse (within 3% with
-    # hybridpar's in-place add: megatron-core's DP-sized buckets make fewer NCCL calls, and its
-    # in-place FusedAdam needs no step temporary), and
+    # hybridpar's grad_sync and param_gather do at ZeRO-1) the rank order differs: DP inside PP, so at
+    # TP4 two members of a DP x CP group share a node, its ring leaves the node over two NICs, and the
+    # best plan is TP4 CP4 PP16 DP64, faster than hybridpar's best. With hybridpar's order and
+    # in-place gradient add it is hybridpar within 3% (megatron-core's DP-sized buckets make fewer
+    # NCCL calls, and its in-place FusedAdam needs no step temporary), and
     # Meta's layout needs full recomputation with ZeRO-1 too.
     core = search(Request(LLAMA, 16384, 2048, 8192, software=MEGATRON_CORE)).plans[0]
     assert core.fits and core.cost.step_time_s < 0.95 * best.cost.step_time_s
     layout = lambda e: (e.plan.tp, e.plan.cp, e.plan.pp, e.plan.dp)
-    mine = {layout(e): e for e in llama_16k.plans[:3]}
-    assert layout(core) in mine and mine[layout(core)].cost.step_time_s < 1.01 * best.cost.step_time_s
-    unfused = replace(MEGATRON_CORE, grad_accum_bytes_per_param=HYBRIDPAR.grad_accum_bytes_per_param)
+    assert layout(core) == (4, 4, 16, 64) and dp_ranks_per_node(core.plan, MEGATRON_CORE) == 2
+    unfused = replace(MEGATRON_CORE, grad_accum_bytes_per_param=HYBRIDPAR.grad_accum_bytes_per_param,
+                      dp_inside_pp=False)
     core_unfused = search(Request(LLAMA, 16384, 2048, 8192, software=unfused)).plans[0]
     assert core_unfused.cost.step_time_s == pytest.approx(best.cost.step_time_s, rel=0.03)
     core_meta = search(Request(LLAMA, 16384, 2048, 8192, software=MEGATRON_CORE, pins=pins)).plans[0]
