@@ -5,17 +5,18 @@
 one). The planner's two least certain numbers are how close a GPU's GEMMs and its attention kernel
 come to the dense bf16 peak (topology/hardware.py gemm_fraction, attention_fraction): this
 measures both on the GPU at hand, in the planner's own FLOP counts, and writes them as a GPU file
-(`base:` the catalogue entry of this GPU, the two fractions) that `hybridpar plan --gpu FILE` reads.
+(`base:` the catalogue entry of this GPU, the fractions) that `hybridpar plan --gpu FILE` reads.
 * matmul: bf16 A (M x K) @ B (K x N) for every M, N, K of --sizes, --seconds each after a warm-up
-  (the fastest is the burst rate, MAMF, as ml-engineering's mamf-finder.py measures it); then the
-  fastest shape runs --soak seconds without pause, and the median over the second half, once
-  clocks and temperature have settled under the power limit, is the sustained rate whose fraction
-  of the peak the file gets (what a training step sees; docs/planner.md, "Where the lean comes from").
+  (the fastest is the burst rate, MAMF, as ml-engineering's mamf-finder.py measures it: the file's
+  gemm_fraction); then the fastest shape runs --soak seconds without pause, and the median over the
+  second half, once clocks and temperature have settled under the power limit, is the sustained
+  rate; sustained / burst is the file's sustained_clock (what a training step sees).
 * attention: torch SDPA (FlashAttention on CUDA), causal, batch 1, forward and backward, counted
   as the planner counts it (topology/cost.py causal_attention_flops, backward
   FLASH_BACKWARD_RATIO x the forward).
 Also writes benchmarks/results/kernels.json (every shape's rate, device, versions).
-To see what a full node sustains, run one per GPU at once (CUDA_VISIBLE_DEVICES=i, --out per GPU).
+To see what a full node sustains, run one per GPU at once (CUDA_VISIBLE_DEVICES=i, --out per GPU):
+the siblings' power and heat lower each GPU's sustained clock, and the slowest GPU sets the step.
 """
 from __future__ import annotations
 
@@ -100,10 +101,11 @@ def sweep(sizes, device: str, dtype, seconds: float) -> list[dict]:
     return sorted(rows, key=lambda r: -r["tflops"])
 
 
-def gpu_file_text(base: str, gemm_fraction: float, attention_fraction: float, comment: str) -> str:
+def gpu_file_text(base: str, gemm_fraction: float, attention_fraction: float, sustained_clock: float,
+                  comment: str) -> str:
     """A GPU file (topology.hardware.load_gpu): the catalogue GPU as measured."""
     return (f"# {comment}\nbase: {base}\ngemm_fraction: {gemm_fraction:.3f}\n"
-            f"attention_fraction: {attention_fraction:.3f}\n")
+            f"attention_fraction: {attention_fraction:.3f}\nsustained_clock: {sustained_clock:.3f}\n")
 
 
 def fraction(tflops: float, peak: float, what: str) -> float:
@@ -150,22 +152,25 @@ def main(argv=None) -> int:
     attention = attention_tflops(args.seq_len, args.heads, args.head_dim, "cuda", torch.bfloat16, args.seconds * 5)
     best = rows[0]
     sustained = matmul_tflops(best["m"], best["k"], best["n"], "cuda", torch.bfloat16, args.soak, settle=0.5)
-    gemm_f = fraction(sustained, peak, "matmul")
+    gemm_f = fraction(best["tflops"], peak, "matmul")
+    sustained_clock = min(1.0, sustained / best["tflops"])
     attention_f = fraction(attention, peak, "attention")
     date = datetime.now(timezone.utc).date().isoformat()
     comment = (f"measured by `hybridpar bench kernels` on {props.name}, {date}: matmul {best['m']}x{best['k']}x{best['n']} "
                f"at {best['tflops']:.0f} TFLOP/s in a burst, {sustained:.0f} sustained over {args.soak:g} s, causal attention (seq {args.seq_len}, {args.heads} heads of "
                f"{args.head_dim}) at {attention:.0f}, peak {peak:.0f}")
     with replacing(out) as f:
-        f.write(gpu_file_text(base, gemm_f, attention_f, comment))
+        f.write(gpu_file_text(base, gemm_f, attention_f, sustained_clock, comment))
     print(comment)
-    print(f"wrote {out}: gemm_fraction {gemm_f:.3f}, attention_fraction {attention_f:.3f} "
-          f"(catalogue: {get_gpu(base).gemm_fraction}, {get_gpu(base).attention_fraction}); "
+    print(f"wrote {out}: gemm_fraction {gemm_f:.3f}, attention_fraction {attention_f:.3f}, sustained_clock "
+          f"{sustained_clock:.3f} (catalogue: {get_gpu(base).gemm_fraction}, {get_gpu(base).attention_fraction}, "
+          f"{get_gpu(base).sustained_clock}); "
           f"use it with `hybridpar plan --gpu {out}`")
     write_result("kernels", {"device": props.name, "catalogue_gpu": base, "peak_bf16_tflops": peak,
                              "matmul": rows, "matmul_sustained_tflops": sustained, "soak_s": args.soak,
                              "attention_tflops": attention, "gemm_fraction": gemm_f,
-                             "attention_fraction": attention_f, "gpu_file": str(out)},
+                             "attention_fraction": attention_f, "sustained_clock": sustained_clock,
+                             "gpu_file": str(out)},
                  command=("hybridpar bench kernels " + " ".join(argv or [])).strip())
     return 0
 

@@ -3,7 +3,8 @@ the pipeline bubble, the optimizer; throughput and MFU from those.
 
 Assumptions (docs/planner.md lists them with the rest):
 * GEMMs: roofline per GEMM. Compute runs at the GPU's maximum achievable matmul rate
-  (hardware.GPU.gemm_fraction x dense peak), reduced by wave quantisation: the output is cut
+  (hardware.GPU.gemm_fraction x dense peak) at the clock a busy node sustains
+  (hardware.GPU.sustained_clock, as attention does), reduced by wave quantisation: the output is cut
   into 128 x 256 tiles (the large CUTLASS/cuBLAS tile on Ampere and Hopper) and a wave of tiles
   occupies every SM, so a partial last wave idles the rest; memory time is the GEMM's operands
   and result over HBM. The slower of the two decides. Backward = data-gradient GEMM plus
@@ -129,7 +130,7 @@ def gemm_time(m: int, k: int, n: int, gpu: GPU, peak: float, batch: int = 1, in_
             tiles = batch * ceil(m / a) * ceil(n / b)
             waves = ceil(tiles / gpu.sms)
             best = max(best, _tile_rate(a, b) * batch * m * n / (waves * gpu.sms * a * b))
-    compute = 2.0 * batch * m * k * n / (peak * gpu.gemm_fraction * best * k_efficiency(k))
+    compute = 2.0 * batch * m * k * n / (peak * gpu.gemm_fraction * gpu.sustained_clock * best * k_efficiency(k))
     memory = batch * (in_bytes * (m * k + k * n) + 2 * m * n) / (gpu.hbm_tbps * 1e12 * HBM_EFFICIENCY)
     return max(compute, memory)
 
@@ -225,7 +226,8 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         # CP through Transformer Engine: cp steps per layer, each a FlashAttention call on the local
         # queries and one peer's keys and values), so its fixed per-query-block cost is amortised over
         # s / cp, not s.
-        fraction = (sw.attention_fraction or gpu.attention_fraction) * attention_shape_factor(seq // cp, d)
+        fraction = ((sw.attention_fraction or gpu.attention_fraction) * gpu.sustained_clock
+                    * attention_shape_factor(seq // cp, d))
         af = causal_attention_flops(mb, s_loc, seq, heads, d) / (peak16 * fraction)
         ab = FLASH_BACKWARD_RATIO * af
     else:

@@ -37,11 +37,18 @@ class GPU:
     # ml-engineering's mamf-finder.py). It captures clocks under the power limit and kernel
     # efficiency, neither of which is in the marketing peak.
     gemm_fraction: float
-    # Fraction of the dense peak a causal FlashAttention-2-class kernel sustains fwd+bwd.
+    # Fraction of the dense peak a causal FlashAttention-2-class kernel reaches fwd+bwd.
     attention_fraction: float
     # Host link (GPU <-> CPU memory) per direction, GB/s: what a device-to-host copy of the optimizer
     # state crosses (topology/redundancy.py); pinned copies reach about cost.LINK_EFFICIENCY of it.
     host_link_gbps: float = DEFAULT_HOST_LINK_GBPS
+    # The two fractions above are measured in bursts on one GPU, at its boost clock. A training step
+    # keeps every GPU of a node at its power limit for minutes, where the SM clock settles lower:
+    # the sustained matmul rate (MSMF, ml-engineering's mamf-finder.py with all GPUs of the node
+    # computing) over the burst one (MAMF). Tensor-core work (GEMMs, attention) runs at this share
+    # of its burst rate; memory-bound kernels do not depend on the SM clock. 1.0 where no
+    # measurement exists.
+    sustained_clock: float = 1.0
 
     def peak_tflops(self, precision: str) -> float:
         if precision == "fp8":
@@ -61,31 +68,43 @@ class GPU:
 # 1.555 TB/s, HBM2e 80 GB at 2.039 TB/s (A100 datasheet) [S]. NVLink 3: 600 GB/s per GPU
 # bidirectional = 300 per direction [S]. DGX A100: 8 x 200 Gb/s HDR per node = 25 GB/s per GPU
 # (Narayanan §5, Korthikanti §6) [V]. 108 SMs (A100 whitepaper) [S]. MAMF 267.9 TFLOP/s = 0.859
-# of peak (Bekman, ml-engineering "Maximum Achievable FLOPS" table) [S]. FlashAttention-2 on A100:
+# of peak (Bekman, ml-engineering "Maximum Achievable FLOPS" table) [S]. Sustained: no all-GPUs-busy
+# measurement is stored for A100; one A100 looping an 8192^3 bf16 matmul on random inputs holds 257
+# TFLOP/s, 295 on zeros, i.e. it is power-limited at 400 W (Horace He, "Strangely, Matrix
+# Multiplications on GPUs Run Faster When Given 'Predictable' Data", 2024) [S]: 257 / 267.9 = 0.959,
+# an upper bound for a busy node. FlashAttention-2 on A100:
 # 50-73% of peak forward, lower backward (Dao 2023, abstract) [S]: 0.55 fwd+bwd assumed. Host link:
 # PCIe Gen4 x16, 64 GB/s bidirectional = 32 per direction (A100 datasheet) [S].
 _A100 = dict(bf16_tflops=312.0, fp8_tflops=None, nvlink_gbps=300.0, network_gbps=25.0,
-             gpus_per_node=8, sms=108, gemm_fraction=0.859, attention_fraction=0.55, host_link_gbps=32.0)
+             gpus_per_node=8, sms=108, gemm_fraction=0.859, attention_fraction=0.55, host_link_gbps=32.0,
+             sustained_clock=round(257 / 267.9, 3))
 
 # H100 SXM: 989 dense bf16, 1979 dense fp8; 80 GB HBM3 at 3.35 TB/s; NVLink 4 900 GB/s per GPU
 # bidirectional; 8 x 400 Gb/s compute NICs per node = 50 GB/s per GPU (NVIDIA dgxc-benchmarking
-# README) [V]. 132 SMs [S]. MAMF 792.1 TFLOP/s = 0.801 of peak (Bekman table) [S].
+# README) [V]. 132 SMs [S]. MAMF 792.1 TFLOP/s = 0.801 of peak (Bekman table) [S]. Sustained: with
+# all 8 GPUs of a node running matmuls (mamf-finder-all-gpus.py, 5 rounds, n = 40), H200 bf16 -
+# the same GH100 at the same 700 W - sustains 698.6 TFLOP/s where its burst reaches 823.9, SM
+# clocks 1405-1527 MHz against the 1980 MHz boost: 0.848 (ml-engineering,
+# compute/accelerator/benchmarks/README.md, "What we measured: alone vs all-8 concurrent") [S].
 # FlashAttention on H100: FA2 reaches ~35-40% of peak, FA3 ~75% (Shah et al. 2024) [S]: 0.5 assumed.
 # Host link (H100, and H200/H800 SXM, which share the board interface): PCIe Gen5 x16, 128 GB/s
 # bidirectional = 64 per direction (NVIDIA H100/H200 SXM datasheets) [S].
 _H100 = dict(bf16_tflops=989.0, fp8_tflops=1979.0, nvlink_gbps=450.0, network_gbps=50.0,
-             gpus_per_node=8, sms=132, gemm_fraction=0.801, attention_fraction=0.5, host_link_gbps=64.0)
+             gpus_per_node=8, sms=132, gemm_fraction=0.801, attention_fraction=0.5, host_link_gbps=64.0,
+             sustained_clock=round(698.6 / 823.9, 3))
 
 # B200 (HGX, 1,000 W): 2,250 dense bf16, 4,500 dense fp8 TFLOP/s; HBM3e at 8 TB/s; NVLink 5
 # 1.8 TB/s per GPU bidirectional = 900 per direction (glennklockwood.com B200 notes; Vultr HGX B200
 # overview) [S]; nvidia-smi shows 179 GiB (Vultr) [S]. DGX B200: 8 x 400 Gb/s ConnectX-7 compute
-# NICs = 50 GB/s per GPU [R]; 148 SMs [R]. GEMMs: OpenXLA's measured sm_100 table
-# (xla/service/gpu/model/matmul_interpolator_data.h, key "sm_100_B200") peaks at 1,670 TFLOP/s bf16
-# (batch 4 x 4096^3, its largest shape) = 0.742 of peak [S], a lower bound on MAMF, since the table
-# stops at 4,096. Attention on Blackwell: no stored measurement; 0.5 as for H100 [assumed]. Host link:
-# PCIe Gen5 x16 = 64 GB/s per direction [R].
+# NICs = 50 GB/s per GPU [R]; 148 SMs [R]. GEMMs: MAMF 1,745 TFLOP/s = 0.776 of peak (Bekman table,
+# torch 2.7.1) [S]; OpenXLA's measured sm_100 table (xla/service/gpu/model/matmul_interpolator_data.h)
+# stops at 4,096 and peaks at 1,670. Sustained with all 8 GPUs computing: 1,426.4 TFLOP/s against a
+# 1,751.2 burst = 0.815 (ml-engineering benchmarks README, B200 bf16, n = 40) [S]. Attention on
+# Blackwell: no stored measurement; 0.5 as for H100 [assumed]. Host link: PCIe Gen5 x16 = 64 GB/s per
+# direction [R].
 _B200 = dict(bf16_tflops=2250.0, fp8_tflops=4500.0, nvlink_gbps=900.0, network_gbps=50.0,
-             gpus_per_node=8, sms=148, gemm_fraction=0.742, attention_fraction=0.5, host_link_gbps=64.0)
+             gpus_per_node=8, sms=148, gemm_fraction=0.776, attention_fraction=0.5, host_link_gbps=64.0,
+             sustained_clock=round(1426.4 / 1751.2, 3))
 
 CATALOGUE: dict[str, GPU] = {
     "a100-40gb": GPU("a100-40gb", memory_gib=40.0, hbm_tbps=1.555, **_A100),
@@ -132,7 +151,7 @@ def get_gpu(name: str) -> GPU:
 # cluster: "base" names a catalogue entry whose values the file's keys replace (e.g. a measured
 # gemm_fraction from mamf-finder, the NICs of one's nodes); without "base" every field is given.
 _GPU_FIELDS = tuple(f.name for f in fields(GPU))
-_FRACTIONS = ("gemm_fraction", "attention_fraction")
+_FRACTIONS = ("gemm_fraction", "attention_fraction", "sustained_clock")
 _COUNTS = ("gpus_per_node", "sms")
 
 
@@ -150,6 +169,7 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
     values.setdefault("name", Path(source).stem)
     values.setdefault("fp8_tflops", None)
     values.setdefault("host_link_gbps", DEFAULT_HOST_LINK_GBPS)
+    values.setdefault("sustained_clock", 1.0)  # no measurement: burst rates
     missing = [k for k in _GPU_FIELDS if k not in values]
     if missing:
         raise HardwareError(f"{source}: missing GPU key(s) {', '.join(missing)} (or name a catalogue GPU as base)")
@@ -166,7 +186,8 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
                 raise HardwareError(f"{source}: {key} must be a positive integer, got {value!r}")
             values[key] = int(value)
         elif not (number and 0 < value < math.inf) or (key in _FRACTIONS and value > 1):
-            bound = "a fraction of the dense peak in (0, 1]" if key in _FRACTIONS else "a positive number"
+            bound = ("a share of the burst rate in (0, 1]" if key == "sustained_clock" else
+                     "a fraction of the dense peak in (0, 1]" if key in _FRACTIONS else "a positive number")
             raise HardwareError(f"{source}: {key} must be {bound}, got {value!r}")
     return GPU(**values)
 

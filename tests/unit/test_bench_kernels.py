@@ -63,16 +63,16 @@ def test_attention_is_counted_as_the_planner_counts_it(monkeypatch):
     args = ("bf16", 8192, 1, 1, 1, True, "none", HYBRIDPAR, 8)
     base, halved = layer_time(m, h100, *args), layer_time(m, slow, *args)
     # ... takes exactly the attention's time again at half the fraction
-    attention_s = flops / (h100.bf16_tflops * 1e12 * h100.attention_fraction)
+    attention_s = flops / (h100.bf16_tflops * 1e12 * h100.attention_fraction * h100.sustained_clock)
     assert (halved.fwd + halved.bwd) - (base.fwd + base.bwd) == pytest.approx(attention_s)
 
 
 def test_the_gpu_file_it_writes_is_the_planners(tmp_path):
     path = tmp_path / "measured.yaml"
-    path.write_text(gpu_file_text("h200-141gb", 0.8234, 0.4611, "measured by a test"))
+    path.write_text(gpu_file_text("h200-141gb", 0.8234, 0.4611, 0.8567, "measured by a test"))
     gpu = load_gpu(str(path))
     h200 = get_gpu("h200-141gb")
-    assert (gpu.gemm_fraction, gpu.attention_fraction) == (0.823, 0.461)
+    assert (gpu.gemm_fraction, gpu.attention_fraction, gpu.sustained_clock) == (0.823, 0.461, 0.857)
     assert gpu.memory_gib == h200.memory_gib and gpu.bf16_tflops == h200.bf16_tflops and gpu.sms == h200.sms
 
 

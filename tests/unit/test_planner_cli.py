@@ -29,9 +29,9 @@ def test_software_flag_plans_for_megatron_core(capsys):
     weight all-gather, both overlapped; classic ZeRO-2; gradient accumulation fused into the GEMMs):
     its rank order puts DP inside PP (Megatron's tp-cp-dp-pp), so at TP4 two members of a DP x CP
     group share a node and its ring leaves the node over two NICs: its best layout is TP4 CP4 PP16
-    DP64, where hybridpar (DP outermost) prefers TP8; Meta's TP8 PP16 DP128 needs full recomputation
-    with ZeRO-1 there, and classic ZeRO-2 fits it without recomputation but exposes each
-    micro-batch's fp32 reduce-scatter, so it is slower (README "Llama 3 405B")."""
+    DP64, where hybridpar (DP outermost) prefers TP8; Meta's TP8 PP16 DP128 fits there with classic
+    ZeRO-2 and no recomputation, each micro-batch's fp32 reduce-scatter largely exposed, and is still
+    faster than ZeRO-1, which needs full recomputation (docs/planner.md, worked example)."""
     from hybridpar.topology.models import load_model
     from hybridpar.topology.search import Request, search
     from hybridpar.topology.software import MEGATRON_CORE
@@ -43,13 +43,14 @@ def test_software_flag_plans_for_megatron_core(capsys):
     assert core["step_time_s"] == pytest.approx(want.cost.step_time_s, abs=1e-4)
     assert core["step_time_s"] < 0.95 * mine["step_time_s"]
     assert (core["tp"], core["cp"], core["pp"], core["dp"]) == (4, 4, 16, 64)
-    assert (mine["tp"], mine["cp"], mine["pp"], mine["dp"]) == (8, 2, 32, 32)
+    assert (mine["tp"], mine["cp"], mine["pp"], mine["dp"]) == (8, 2, 16, 64)
     meta_argv = [*argv, "--software", "megatron-core", "--tp", "8", "--pp", "16", "--cp", "1"]
     meta = json.loads(run(meta_argv, capsys)[1])["plans"][0]
-    assert meta["fits"] and meta["recompute"] == "full" and meta["zero_stage"] == 1
-    z2 = json.loads(run([*meta_argv, "--zero", "2", "--recompute", "none"], capsys)[1])["plans"][0]
-    assert z2["fits"] and z2["step_time_s"] > meta["step_time_s"] > core["step_time_s"]
-    assert z2["comm_s"]["dp"] > 10 * meta["comm_s"]["dp"]  # 16 fp32 reduce-scatters, mostly exposed, vs one
+    assert meta["fits"] and meta["recompute"] == "none" and meta["zero_stage"] == 2
+    assert meta["comm_s"]["dp"] > 0.25 * meta["step_time_s"] and meta["step_time_s"] > core["step_time_s"]
+    z1 = json.loads(run([*meta_argv, "--zero", "1"], capsys)[1])["plans"][0]
+    assert z1["fits"] and z1["recompute"] == "full" and z1["step_time_s"] > meta["step_time_s"]
+    assert meta["comm_s"]["dp"] > 5 * z1["comm_s"]["dp"]  # 16 fp32 reduce-scatters, mostly exposed, vs one
     with pytest.raises(SystemExit) as stop:
         run([*argv, "--software", "deepspeed"], capsys)
     assert stop.value.code == 2 and "--software" in capsys.readouterr().err
@@ -270,10 +271,9 @@ def test_b200_is_in_the_catalogue_and_plans_faster_than_h100(capsys):
 
 
 def test_readme_figures_for_a_measured_h100_and_for_b200(tmp_path, capsys):
-    """README ("Planning a layout"): Llama 3 405B on 16,384 H100s plans TP8 CP2 PP32 VPP4 DP32 at 5.40 s;
-    with gemm_fraction 0.68 in a GPU file it prefers TP8 CP2 PP16 VPP8 DP64 (the catalogue's second,
-    whose bubble is half as long, costs less once the GEMMs are slower) at 6.04 s; on 16,384 B200s it
-    plans the catalogue H100's layout at 2.72 s."""
+    """README ("Planning a layout"): Llama 3 405B on 16,384 H100s plans TP8 CP2 PP16 VPP8 DP64 at 6.09 s;
+    with gemm_fraction 0.68 in a GPU file (a cluster whose GEMMs burst at 0.68 of the peak) the same
+    layout takes 6.81 s; on 16,384 B200s it plans TP8 CP2 PP32 VPP4 DP32 at 3.04 s."""
     path = tmp_path / "my-h100.yaml"
     path.write_text("base: h100-80gb\ngemm_fraction: 0.68\n")
     argv = ["--model", "llama3-405b", "--gpus", "16384", "--top", "1", "--json"]
@@ -281,9 +281,9 @@ def test_readme_figures_for_a_measured_h100_and_for_b200(tmp_path, capsys):
     (catalogue,) = json.loads(run(argv, capsys)[1])["plans"]
     (measured,) = json.loads(run([*argv, "--gpu", str(path)], capsys)[1])["plans"]
     (b200,) = json.loads(run([*argv, "--gpu", "b200-180gb"], capsys)[1])["plans"]
-    assert layout(catalogue) == (8, 2, 32, 4, 32) and layout(measured) == (8, 2, 16, 8, 64)
-    assert round(catalogue["step_time_s"], 2) == 5.40 and round(measured["step_time_s"], 2) == 6.04
-    assert layout(b200) == (8, 2, 32, 4, 32) and round(b200["step_time_s"], 2) == 2.72
+    assert layout(catalogue) == (8, 2, 16, 8, 64) and layout(measured) == (8, 2, 16, 8, 64)
+    assert round(catalogue["step_time_s"], 2) == 6.09 and round(measured["step_time_s"], 2) == 6.81
+    assert layout(b200) == (8, 2, 32, 4, 32) and round(b200["step_time_s"], 2) == 3.04
 
 
 def test_every_plan_carries_ranges_and_its_validated_region(capsys):
