@@ -76,6 +76,14 @@ def optimizer_step_bytes(sw: Software) -> int:
 GRAD_BUCKET_NUMEL = 40_000_000
 # FlashAttention's backward FLOPs over its forward's: it recomputes the scores (Dao 2022, §3.1).
 FLASH_BACKWARD_RATIO = 2.5
+# Per kernel: the boundary between two kernels on a stream (the last blocks drain, the next
+# kernel's first blocks start), measured as the time of a minimal kernel inside a replayed CUDA
+# graph, 1.28 us, and the host's cost of issuing one operation from Python in eager PyTorch, 4.2 us
+# (a third-party measurement on a 132-SM Hopper card kept in this project's search corpus) [S].
+# The host runs ahead of the GPU, so it binds only where a layer's kernels are shorter than their
+# issue.
+KERNEL_GAP_S = 1.28e-6
+HOST_OP_S = 4.2e-6
 
 
 # ---------------------------------------------------------------- FLOPs ---------------------
@@ -139,6 +147,12 @@ def gemm_fwd_bwd(m: int, k: int, n: int, gpu: GPU, peak: float, batch: int = 1, 
     fwd = gemm_time(m, k, n, gpu, peak, batch, in_bytes)
     bwd = gemm_time(m, n, k, gpu, peak, batch, in_bytes) + gemm_time(k, m, n, gpu, peak, batch, in_bytes)
     return fwd, bwd
+
+
+def kernel_bound(gpu_s: float, kernels: int) -> float:
+    """A layer's pass of ``kernels`` kernels taking ``gpu_s`` of work: each kernel boundary adds
+    KERNEL_GAP_S, and the GPU cannot finish before the host has issued them all."""
+    return max(gpu_s + kernels * KERNEL_GAP_S, kernels * HOST_OP_S)
 
 
 def hbm_time(nbytes: float, gpu: GPU) -> float:
@@ -248,6 +262,7 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     ew = tokens * (hidden_bytes / (tp if sp else 1) + act_bytes + rope_bytes)
     fwd += hbm_time(ew, gpu)
     bwd += hbm_time(2 * ew, gpu)
+    fwd, bwd = kernel_bound(fwd, sw.kernels_per_layer[0]), kernel_bound(bwd, sw.kernels_per_layer[1])
     if recompute == "full":
         bwd += fwd
     elif recompute == "selective" and not sw.flash_attention:

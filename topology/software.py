@@ -126,6 +126,12 @@ class Software:
     # Rajbhandari et al. 2020); apex's DistributedFusedAdam keeps all three in its `dtype` (6 with
     # dtype bf16).
     optimizer_state_bytes_per_param: int = 12
+    # Kernels one transformer layer launches per micro-batch, forward and backward (cost.kernel_bound):
+    # counted on megatron-core's layer as hybridpar builds it, every aten operation that is not a
+    # view (tests/integration/test_kernel_count.py: 43 and 58 on CPU, whose RMSNorm is a
+    # composition; CUDA fuses it). Stacks with Transformer Engine's fused modules launch fewer,
+    # Megatron-LM 2021's unfused dropout more; not counted here, so the one count stands for all.
+    kernels_per_layer: tuple[int, int] = (43, 58)
     # Rank order: DP varies faster than PP (Megatron-LM's and DeepSpeed's layouts, see
     # cost.dp_ranks_per_node), or DP outermost (hybridpar's mesh; Llama 3's [TP, CP, PP, DP]).
     dp_inside_pp: bool = False

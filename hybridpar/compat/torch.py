@@ -43,10 +43,19 @@ RELIES_ON = Reliance("torch", ("2.13.0", "2.14"), (
              "hybridpar.reliability.replica_loss lists a left world's groups (its pg_map)", READ),
     Internal("torch.utils._device", "_device_constructors",
              "hybridpar.compat.cpu sends tensors created without a device to meta in strict device mode"),
+    Internal("torch.utils._python_dispatch", "TorchDispatchMode",
+             "hybridpar.observe.kernel_count counts the operations a layer runs", READ),
 ))
 
 
 # --- devices and process groups --------------------------------------------------------------
+def dispatch_mode_base() -> type:
+    """torch's base class for a mode that sees every aten operation as it is dispatched."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    return TorchDispatchMode
+
+
 def device_constructors() -> frozenset:
     """The torch functions that create a tensor on the default device."""
     from torch.utils._device import _device_constructors

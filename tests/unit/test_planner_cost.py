@@ -328,3 +328,19 @@ def test_megatron_lm_2022_is_2021_with_sequence_parallelism_and_selective_recomp
     assert new.plans[0].plan.sequence_parallel and new.plans[0].cost.step_time_s < 0.9 * old.plans[0].cost.step_time_s
     with pytest.raises(Exception, match="ZeRO-2 is not part of Megatron-LM 2022"):
         search(Request(GPT3, 64, 64, 2048, gpu="a100-80gb", software=sw, pins={"zero_stage": 2}))
+
+
+def test_kernels_cost_their_boundaries_and_their_issue():
+    """cost.kernel_bound: every kernel of a layer adds KERNEL_GAP_S; when the GPU work is shorter
+    than the host's issue of the kernels, the host's time is the layer's. Large layers barely notice
+    (under 1% for Llama 3 8B at 8K on H100), tiny ones are issue-bound."""
+    from hybridpar.topology.cost import HOST_OP_S, KERNEL_GAP_S, kernel_bound, layer_time
+
+    assert kernel_bound(1e-3, 50) == pytest.approx(1e-3 + 50 * KERNEL_GAP_S)
+    assert kernel_bound(1e-6, 50) == pytest.approx(50 * HOST_OP_S)
+    h100, m = get_gpu("h100-80gb"), PRESETS["llama3-8b"]
+    none = replace(HYBRIDPAR, kernels_per_layer=(0, 0))
+    big = [layer_time(m, h100, "bf16", 8192, 1, 1, 1, True, "none", sw, 8) for sw in (HYBRIDPAR, none)]
+    assert 1 < (big[0].fwd + big[0].bwd) / (big[1].fwd + big[1].bwd) < 1.01
+    tiny = layer_time(m, h100, "bf16", 16, 1, 8, 1, True, "none", HYBRIDPAR, 8)
+    assert (tiny.fwd, tiny.bwd) == (pytest.approx(43 * HOST_OP_S), pytest.approx(58 * HOST_OP_S))
