@@ -64,13 +64,6 @@ MAMF_K = 4096
 ATTN_SHORT_SEQ = 256
 ATTN_HEAD64 = 0.85
 
-
-def optimizer_step_bytes(sw: Software) -> int:
-    """HBM bytes of the Adam step per parameter of the optimizer shard: read and write the master
-    weights, momentum and variance (2 x 12 in fp32, 2 x 6 in bf16), read the gradient as fp32 (4),
-    write the 16-bit weight (2)."""
-    return 2 * sw.optimizer_state_bytes_per_param + 4 + 2
-
 # Gradient bucket of the overlapped DP reduction: megatron-core's default 40M elements
 # (DistributedDataParallelConfig: max(40M, 1M x dp)); hybridpar/zero/grad_sync.py uses this one.
 GRAD_BUCKET_NUMEL = 40_000_000
@@ -153,6 +146,13 @@ def kernel_bound(gpu_s: float, kernels: int) -> float:
     """A layer's pass of ``kernels`` kernels taking ``gpu_s`` of work: each kernel boundary adds
     KERNEL_GAP_S, and the GPU cannot finish before the host has issued them all."""
     return max(gpu_s + kernels * KERNEL_GAP_S, kernels * HOST_OP_S)
+
+
+def optimizer_step_bytes(sw: Software) -> int:
+    """HBM bytes of the Adam step per parameter of the optimizer shard: read and write the master
+    weights, momentum and variance (2 x 12 in fp32, 2 x 6 in bf16), read the gradient as fp32 (4),
+    write the 16-bit weight (2)."""
+    return 2 * sw.optimizer_state_bytes_per_param + 4 + 2
 
 
 def hbm_time(nbytes: float, gpu: GPU) -> float:
