@@ -344,3 +344,18 @@ def test_kernels_cost_their_boundaries_and_their_issue():
     assert 1 < (big[0].fwd + big[0].bwd) / (big[1].fwd + big[1].bwd) < 1.01
     tiny = layer_time(m, h100, "bf16", 16, 1, 8, 1, True, "none", HYBRIDPAR, 8)
     assert (tiny.fwd, tiny.bwd) == (pytest.approx(43 * HOST_OP_S), pytest.approx(58 * HOST_OP_S))
+
+
+# FlashAttention-3 on H100, head dimension 128, batch x sequence = 16K, TFLOP/s by sequence length:
+# pytorch/benchmark commit ff65cb67, "Fix dimension order for FlashAttention-3" (its test plan's table).
+FA3_H100 = {512: 430.32, 1024: 517.099, 2048: 565.544, 4096: 590.233, 8192: 614.234, 16384: 620.73}
+
+
+def test_attention_sequence_curve_matches_a_measured_hopper_kernel():
+    """cost.attention_shape_factor's seq / (seq + 256) follows FlashAttention-3's measured rate on H100
+    within 2.5% at every sequence length, relative to the longest."""
+    from hybridpar.topology.cost import ATTN_SHORT_SEQ
+
+    curve = lambda s: s / (s + ATTN_SHORT_SEQ)
+    for seq, rate in FA3_H100.items():
+        assert curve(seq) / curve(16384) == pytest.approx(rate / FA3_H100[16384], rel=0.025), seq
