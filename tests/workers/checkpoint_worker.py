@@ -32,6 +32,7 @@ from hybridpar.checkpoint import CheckpointConfig, CheckpointError, Checkpointer
 from hybridpar.data import SyntheticTokens  # noqa: E402
 from hybridpar.config.optim import OptimConfig  # noqa: E402
 from hybridpar.launch.local import init_distributed  # noqa: E402
+from process_groups import destroy_groups_created_since, groups_now  # noqa: E402
 from results_io import finish  # noqa: E402
 from hybridpar.runtime.job import Job  # noqa: E402
 
@@ -88,7 +89,9 @@ def main():
     results = {}
     for spec in cfg["jobs"]:
         start = time.perf_counter()
+        groups_before = groups_now()
         results[spec["name"]] = run_job(spec)
+        destroy_groups_created_since(groups_before)  # process_groups.py: else each job slows the next
         results[spec["name"]]["seconds"] = time.perf_counter() - start
         if dist.get_rank() == 0:
             print(f"job {spec['name']}: {time.perf_counter() - start:.1f} s", flush=True)

@@ -31,6 +31,7 @@ from hybridpar.observe.comm_trace import Recorder  # noqa: E402  (shared with be
 from hybridpar.data import SyntheticTokens  # noqa: E402
 from hybridpar.config.optim import OptimConfig  # noqa: E402
 from hybridpar.launch.local import init_distributed  # noqa: E402
+from process_groups import destroy_groups_created_since, groups_now, thread_count  # noqa: E402
 from results_io import finish  # noqa: E402
 from hybridpar.reliability.replicas import gather_digests  # noqa: E402
 from hybridpar.runtime.job import Job  # noqa: E402
@@ -149,8 +150,11 @@ def main():
     results = {}
     for layout in cfg["layouts"]:
         start = time.perf_counter()
+        groups_before = groups_now()
         try:
             result, state = run_layout(cfg, layout, recorder)
+            destroy_groups_created_since(groups_before)  # process_groups.py: else each layout slows the next
+            result["threads_after"] = thread_count()  # rank 0's
             result["seconds"] = time.perf_counter() - start
             if dist.get_rank() == 0:
                 torch.save(state, os.path.join(cfg["out"], f"{layout['name']}.pt"))
