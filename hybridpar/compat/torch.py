@@ -40,7 +40,8 @@ RELIES_ON = Reliance("torch", ("2.13.0", "2.14"), (
              "hybridpar.reliability.replica_loss: a left world's later gloo operations fail fast; a new world's "
              "rendezvous waits longer than its operations"),
     Internal("torch.distributed.distributed_c10d", "_world",
-             "hybridpar.reliability.replica_loss lists a left world's groups (its pg_map)", READ),
+             "hybridpar.reliability.replica_loss lists a left world's groups (its pg_map); test workers free "
+             "a finished job's groups", READ),
     Internal("torch.utils._device", "_device_constructors",
              "hybridpar.compat.cpu sends tensors created without a device to meta in strict device mode"),
     Internal("torch.utils._python_dispatch", "TorchDispatchMode",
@@ -157,6 +158,13 @@ def watch_elastic_agent(after_check: Callable[[bool], BaseException | None],
 
 
 # --- leaving a world with a dead member ------------------------------------------------------
+def process_groups() -> set:
+    """Every process group this process holds now, the world's included."""
+    import torch.distributed.distributed_c10d as c10d
+
+    return set(c10d._world.pg_map)
+
+
 def connected_tcp_sockets() -> set[int]:
     """The file descriptors of this process's connected TCP sockets (listening ones left out)."""
     import os

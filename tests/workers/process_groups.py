@@ -14,10 +14,12 @@ import os
 
 import torch.distributed as dist
 
+from hybridpar.compat.torch import process_groups
+
 
 def groups_now() -> set:
     """Every process group this rank holds now (pass to destroy_groups_created_since)."""
-    return set(dist.distributed_c10d._world.pg_map)
+    return process_groups()
 
 
 def destroy_groups_created_since(before: set) -> int:
