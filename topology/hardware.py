@@ -40,7 +40,7 @@ class GPU:
     # Fraction of the dense peak a causal FlashAttention-2-class kernel reaches fwd+bwd.
     attention_fraction: float
     # Host link (GPU <-> CPU memory) per direction, GB/s: what a device-to-host copy of the optimizer
-    # state crosses (topology/redundancy.py); pinned copies reach about cost.LINK_EFFICIENCY of it.
+    # state crosses (topology/redundancy.py); pinned copies reach about links.LINK_EFFICIENCY of it.
     host_link_gbps: float = DEFAULT_HOST_LINK_GBPS
     # The two fractions above are measured in bursts on one GPU, at its boost clock. A training step
     # keeps every GPU of a node at its power limit for minutes, where the SM clock settles lower:

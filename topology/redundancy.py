@@ -13,8 +13,8 @@ Per GPU, for the largest pipeline stage (the step waits for the slowest rank):
   runtime does it (reliability/replica_loss.py): the serialized host copy goes back to the device
   for NCCL, and the received copy comes out to host memory: 3 x snapshot over the host link, one
   after the other; exchange: the copy, send and receive at once (full duplex), over the link DP
-  traffic takes (cost.dp_inside_node: NVLink inside a node, else the network) plus one
-  send/receive's NCCL latency. Both links at cost.LINK_EFFICIENCY of their peak.
+  traffic takes (links.dp_inside_node: NVLink inside a node, else the network) plus one
+  send/receive's NCCL latency. Both links at links.LINK_EFFICIENCY of their peak.
 All of it runs synchronously after the step and adds to it. Serializing the snapshot in host
 memory (torch.save) is not counted.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cost import dp_inside_node, link_time, nccl_latency
+from .links import dp_inside_node, link_time, nccl_latency
 from .hardware import GIB, GPU
 from .memory import model_state_bytes
 from .plan import Plan, PlanError

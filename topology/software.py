@@ -133,7 +133,7 @@ class Software:
     # Megatron-LM 2021's unfused dropout more; not counted here, so the one count stands for all.
     kernels_per_layer: tuple[int, int] = (43, 58)
     # Rank order: DP varies faster than PP (Megatron-LM's and DeepSpeed's layouts, see
-    # cost.dp_ranks_per_node), or DP outermost (hybridpar's mesh; Llama 3's [TP, CP, PP, DP]).
+    # links.dp_ranks_per_node), or DP outermost (hybridpar's mesh; Llama 3's [TP, CP, PP, DP]).
     dp_inside_pp: bool = False
     # Forward TP collectives are never overlapped: megatron-core runs them synchronously unless
     # Transformer Engine's userbuffers are set up, which hybridpar does not do.

@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from hybridpar.topology.cost import LINK_EFFICIENCY, step_cost
+from hybridpar.topology.cost import step_cost
+from hybridpar.topology.links import LINK_EFFICIENCY
 from hybridpar.topology.hardware import get_gpu
 from hybridpar.topology.models import load_model
 from hybridpar.topology.plan import Plan
@@ -50,10 +51,10 @@ def test_cost_model_bytes_give_back_cost_py_seconds(sp, monkeypatch):
     """The bytes are the planner's: divided by the link bandwidth they are step_cost's terms
     (nothing overlapped; NCCL's per-call latency, which carries no bytes, set to zero here); with
     megatron-core's async backward TP collectives, less is exposed."""
-    from hybridpar.topology import cost as cost_module
+    from hybridpar.topology import links
 
-    monkeypatch.setattr(cost_module, "NCCL_BASE_LAT_S", 0.0)
-    monkeypatch.setattr(cost_module, "NCCL_HOP_LAT_S", {"nvlink": 0.0, "network": 0.0})
+    monkeypatch.setattr(links, "NCCL_BASE_LAT_S", 0.0)
+    monkeypatch.setattr(links, "NCCL_HOP_LAT_S", {"nvlink": 0.0, "network": 0.0})
     sw = replace(HYBRIDPAR, overlap_grad_reduce=False, overlap_param_gather=False, tp_bwd_overlap=False)
     plan = Plan(model=load_model("llama3-8b"), seq_len=8192, global_batch=32, tp=2, pp=2, dp=2, micro_batch=1,
                 zero_stage=1, sequence_parallel=sp)

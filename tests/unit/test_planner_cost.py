@@ -2,8 +2,9 @@
 from dataclasses import replace
 import pytest
 
-from hybridpar.topology.cost import gemm_time, k_efficiency, link_time, model_flops_per_seq, nccl_latency, recompute_flops_per_seq, step_cost
+from hybridpar.topology.cost import gemm_time, k_efficiency, model_flops_per_seq, recompute_flops_per_seq, step_cost
 from hybridpar.topology.hardware import get_gpu
+from hybridpar.topology.links import link_time, nccl_latency
 from hybridpar.topology.models import PRESETS, ModelSpec
 from hybridpar.topology.plan import Plan
 from hybridpar.topology.software import HYBRIDPAR
@@ -101,11 +102,11 @@ def test_tp_collectives_slow_down_across_nodes():
 
 
 def test_dp_ring_cost_grows_toward_2x_bytes(monkeypatch):
-    from hybridpar.topology import cost as topology_cost
+    from hybridpar.topology import links
 
-    monkeypatch.setattr(topology_cost, "NCCL_BASE_LAT_S", 0.0)  # the bandwidth term alone (DP is not cached)
-    monkeypatch.setattr(topology_cost, "NCCL_HOP_LAT_S", {"nvlink": 0.0, "network": 0.0})
-    from hybridpar.topology.cost import LINK_EFFICIENCY
+    monkeypatch.setattr(links, "NCCL_BASE_LAT_S", 0.0)  # the bandwidth term alone (DP is not cached)
+    monkeypatch.setattr(links, "NCCL_HOP_LAT_S", {"nvlink": 0.0, "network": 0.0})
+    from hybridpar.topology.links import LINK_EFFICIENCY
     from hybridpar.topology.software import MEGATRON_2021
     from hybridpar.topology.stages import params_per_rank, stages
 

@@ -14,7 +14,7 @@ from hybridpar.topology.redundancy import KEEP, replica_redundancy, tolerance_pr
 from hybridpar.topology.search import Request, evaluate, search
 
 H100 = get_gpu("h100-80gb")
-EFF = 0.8  # cost.LINK_EFFICIENCY, written out so that a change to it shows here
+EFF = 0.8  # links.LINK_EFFICIENCY, written out so that a change to it shows here
 # Llama 3 8B by hand: hidden 4096, 32 heads of 128, 8 KV heads, FFN 14336 (SwiGLU), vocab 128256.
 ATTN = 4096 * 4096 * 2 + 4096 * (8 * 128) * 2  # q and out, k and v
 MLP = 3 * 4096 * 14336

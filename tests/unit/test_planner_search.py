@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 
-from hybridpar.topology.cost import dp_ranks_per_node
+from hybridpar.topology.links import dp_ranks_per_node
 from hybridpar.topology.memory import PARTS
 from hybridpar.topology.models import PRESETS
 from hybridpar.topology.plan import PlanError

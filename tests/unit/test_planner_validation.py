@@ -16,7 +16,7 @@ TOLERANCE = 0.15  # as for the public cases (test_planner_cases.py)
 RUNS = load_cases(VALIDATION_PATH)
 TIMED = [r for r in RUNS if r.get("outcome", "ran") == "ran"]
 
-_SWEEP = ("predicted high by 17-21%: with the ring's node sharing counted (cost.dp_ranks_per_node) and the "
+_SWEEP = ("predicted high by 17-21%: with the ring's node sharing counted (links.dp_ranks_per_node) and the "
           "sustained clock, the sweep's TP=2 and TP=4 rows are within -6 to +14% and its TP=8 rows at micro-batch 4 "
           "+8 to +12%, while TP=8 at micro-batch 1-2 (and 6) leans +17 to +21% (docs/planner.md, what is missing)")
 KNOWN_MISSES = {f"bloom-sweep-{k}": _SWEEP for k in (

@@ -1,0 +1,80 @@
+"""Where a layout's traffic runs and what moving it costs: which links a group's collectives
+cross (the stack's rank order decides which ranks share a node), NCCL's latency per call and the
+bandwidth its collectives reach. topology/cost.py adds these up into a step.
+"""
+from __future__ import annotations
+
+from math import ceil
+
+from .hardware import GPU
+from .plan import Plan
+from .software import HYBRIDPAR, Software
+
+# Fraction of a link's peak that NCCL collectives reach as bus bandwidth (nccl-tests on DGX
+# A100/H100 reach roughly 75-85% of NVLink and InfiniBand peak; DeepSeek-V3 measures 160 of
+# H800's 200 GB/s NVLink) [S]. Assumed, not fitted.
+LINK_EFFICIENCY = 0.8
+# Per-call latency of a collective: NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc,
+# ncclTopoTuneModel, Ring/Simple, the protocol of large messages): baseLat 8.4 us, plus hwLat per ring
+# step, 3.4 us over NVLink and 9.6 us over the network; a ring all-reduce across nodes pays 1.9x
+# ("plateau effect of ring", ncclTopoGetAlgoTime). Steps: 2(n-1) for an all-reduce, n-1 for a
+# reduce-scatter or all-gather, 1 for a pipeline send/receive.
+NCCL_BASE_LAT_S = 8.4e-6
+NCCL_HOP_LAT_S = {"nvlink": 3.4e-6, "network": 9.6e-6}
+NCCL_RING_PLATEAU = 1.9
+
+
+def link_time(nbytes: float, gbps: float) -> float:
+    return nbytes / (gbps * 1e9 * LINK_EFFICIENCY)
+
+
+def nccl_latency(steps: int, ranks: int, nodes: int, allreduce: bool = False) -> float:
+    """Latency of one NCCL call of `steps` ring steps over `ranks` ranks on `nodes` nodes, in NCCL's
+    own cost model (see NCCL_BASE_LAT_S): the steps that cross nodes pay the network hop."""
+    if ranks <= 1:
+        return 0.0
+    inter = steps * (nodes - 1) / (ranks - 1)
+    lat = NCCL_BASE_LAT_S + (steps - inter) * NCCL_HOP_LAT_S["nvlink"] + inter * NCCL_HOP_LAT_S["network"]
+    return lat * (NCCL_RING_PLATEAU if allreduce and nodes > 1 else 1.0)
+
+
+def group_nodes(ranks: int, span: int, gpus_per_node: int) -> int:
+    """Nodes a group of `ranks` ranks, spread evenly over `span` consecutive GPUs, touches."""
+    return max(1, min(ranks, ceil(span / gpus_per_node)))
+
+
+def dp_ranks_per_node(plan: Plan, sw: Software = HYBRIDPAR) -> int:
+    """Members of a rank's DP x CP group (the group its gradients are reduced over) on its node.
+    hybridpar lays ranks out [TP, CP, PP, DP] innermost first, as Llama 3 did: CP peers are TP
+    ranks apart, DP peers TP x CP x PP apart. Megatron-LM puts DP inside PP (megatron-core
+    parallel_state order "tp-cp-ep-dp-pp"; Megatron-LM 2021's and DeepSpeed's
+    PipeModelDataParallelTopology, axes pipe, data, model): the DP x CP group is every TP-th rank
+    of a block, so with TP < GPUs per node several of its members share a node."""
+    g = plan.gpus_per_node
+    if sw.dp_inside_pp:
+        return max(1, min(plan.zero_group, g // plan.tp))
+    return max(1, min(plan.cp, g // plan.tp)) * max(1, min(plan.dp, g // (plan.tp * plan.cp * plan.pp)))
+
+
+def dp_inside_node(plan: Plan, sw: Software = HYBRIDPAR) -> bool:
+    """Whether DP traffic stays on NVLink: the whole DP x CP group on one node."""
+    return dp_ranks_per_node(plan, sw) >= plan.zero_group
+
+
+def pp_crosses_nodes(plan: Plan, sw: Software = HYBRIDPAR) -> bool:
+    """Whether some pipeline hop leaves its node: pipeline peers are TP x CP ranks apart in hybridpar's
+    order, TP x CP x DP in Megatron's (dp_ranks_per_node)."""
+    stride = plan.tp * plan.cp * (plan.dp if sw.dp_inside_pp else 1)
+    return stride * plan.pp > plan.gpus_per_node
+
+
+def dp_link_gbps(plan: Plan, gpu: GPU, sw: Software) -> float:
+    """Bandwidth of the DP x CP ring's slowest hop. Inside a node: NVLink. Across nodes, a node's
+    m members of the ring are consecutive in it, and the node holds the rings of its other
+    GPUs too: each ring leaves the node once, over m GPUs' NICs' worth of the node's links
+    (NCCL spreads a communicator's channels over the node's NICs; nccl-tests' cross-node
+    all-reduce bus bandwidth with all 8 GPUs of each node in the communicator is the node's
+    NIC bandwidth, not one GPU's) [S]."""
+    if dp_inside_node(plan, sw):
+        return gpu.nvlink_gbps
+    return min(gpu.nvlink_gbps, dp_ranks_per_node(plan, sw) * gpu.network_gbps)
