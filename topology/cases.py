@@ -49,15 +49,15 @@ def case_software(case: dict) -> tuple[Software, GPU]:
     gpu = get_gpu(case["gpu"].lower())
     if case.get("network_gbit_per_gpu"):
         gpu = replace(gpu, network_gbps=case["network_gbit_per_gpu"] / 8)
-    if case.get("optimizer_state_dtype") == "bf16":
-        # apex DistributedFusedAdam with dtype bf16 (nemotron4-340b-synth.yaml): parameter copy and
-        # both moments in bf16
-        sw = replace(PROFILES[case["software"]], optimizer_state_bytes_per_param=6)
-        return sw, gpu
     if case.get("software") in PROFILES:
         # e.g. NeMo/megatron-core recipes: distributed optimizer, overlapped grad reduce / param
         # gather / p2p, cuDNN or FlashAttention kernels: hybridpar's layers, classic ZeRO-2.
-        return PROFILES[case["software"]], gpu
+        sw = PROFILES[case["software"]]
+        if case.get("optimizer_state_dtype") == "bf16":
+            # apex DistributedFusedAdam with dtype bf16 (nemotron4-340b-synth.yaml): parameter copy
+            # and both moments in bf16
+            sw = replace(sw, optimizer_state_bytes_per_param=6)
+        return sw, gpu
     if case["id"].startswith("llama3"):
         # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2, as megatron-core's
         # profile); FlashAttention-2 on H100 reaches "only 35% utilization" (FlashAttention-3 paper,

@@ -211,7 +211,7 @@ def abort_world(world_sockets: set[int]) -> None:
     if dist.is_initialized() and dist.get_backend() == "gloo":
         # An operation posted from now on, on a pair that is still being torn down, could wait for
         # the full process-group timeout (seen under load): give it one second.
-        for group in list(c10d._world.pg_map):
+        for group in process_groups():
             try:
                 c10d._set_pg_timeout(timedelta(seconds=LEFT_WORLD_TIMEOUT_S), group)
             except Exception:  # noqa: BLE001 - a group torch already dropped
