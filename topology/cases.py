@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .hardware import GPU, get_gpu
+from .links import LINK_EFFICIENCY
 from .models import ModelSpec
 from .plan import Plan
 from .search import Evaluated, evaluate
@@ -28,6 +29,18 @@ CASES_PATH = DATA / "public_cases.json"
 # other); docs/planner.md gives their provenance.
 VALIDATION_PATH = DATA / "validation_runs.json"
 
+
+# Jean Zay's A100 partition, where BLOOM and its layout sweep ran: 4 Omni-Path links of 100 Gbit/s per
+# 8-GPU node (BLOOM README), of which NCCL reached far less. bigscience-workshop/bigscience
+# experiments/bandwidth/all_reduce_bench-a100-n4.txt (4 of those nodes, 32 A100s, NCCL 2.10.3, a 4 GB
+# fp32 all-reduce timed 160 times, January 2022) [M]: bus bandwidth median 40.5 Gbit/s (14.7-40.8), for
+# a ring that entered and left each node over one Omni-Path link (its log: "via NET/IB/1" in,
+# "NET/IB/3" out, 2 channels), 41% of that link's 100 Gbit/s. Assumed: a link carries no more when
+# several rings share it, as each of a TP=8 layout's 8 DP rings per node does over its 4 links. The
+# planner derates a link by LINK_EFFICIENCY; the measured figure is already what NCCL reaches, so it
+# enters as 4 x 40.5 / 8 Gbit/s per GPU over that factor.
+JEAN_ZAY_NCCL_GBIT_PER_LINK = 40.5
+JEAN_ZAY_NETWORK_GBPS = 4 * JEAN_ZAY_NCCL_GBIT_PER_LINK / 8 / 8 / LINK_EFFICIENCY
 
 # Narayanan et al.'s run script (Megatron-LM examples/sc21/run_table_1.sh) sets DDP=torch for the
 # models without pipeline parallelism, DDP=local from 39B up.
@@ -49,6 +62,8 @@ def case_software(case: dict) -> tuple[Software, GPU]:
     gpu = get_gpu(case["gpu"].lower())
     if case.get("network_gbit_per_gpu"):
         gpu = replace(gpu, network_gbps=case["network_gbit_per_gpu"] / 8)
+    if case["id"].startswith("bloom"):  # BLOOM's and its sweep's cluster
+        gpu = replace(gpu, network_gbps=JEAN_ZAY_NETWORK_GBPS)
     if case.get("software") in PROFILES:
         # e.g. NeMo/megatron-core recipes: distributed optimizer, overlapped grad reduce / param
         # gather / p2p, cuDNN or FlashAttention kernels: hybridpar's layers, classic ZeRO-2.
@@ -65,8 +80,7 @@ def case_software(case: dict) -> tuple[Software, GPU]:
         # Its ranks are ordered [TP, CP, PP, DP] innermost first (§3.3.2), DP outermost.
         return replace(MEGATRON_CORE, attention_fraction=0.35, dp_inside_pp=False), gpu
     if case["id"].startswith("bloom"):
-        # Jean Zay: 4 Omni-Path 100 Gb/s links per 8-GPU node = 6.25 GB/s per GPU (BLOOM README).
-        return DEEPSPEED_BF16_PIPE, replace(gpu, network_gbps=4 * 100 / 8 / 8)
+        return DEEPSPEED_BF16_PIPE, gpu
     if case["id"] in TORCH_DDP_RUNS:
         return MEGATRON_2021_TORCH_DDP, gpu
     return MEGATRON_2021, gpu

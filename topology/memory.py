@@ -196,6 +196,8 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMem
     n = params_per_rank(plan, stage)
     weights, grads, optimizer = model_state_bytes(n, plan.zero_group, plan.zero_stage, sw.fp32_grads,
                                                   sw.zero2_reduce_once, sw.optimizer_state_bytes_per_param)
+    if sw.keeps_16bit_grads:
+        grads += 2 * n
 
     tokens = plan.micro_batch * plan.seq_len / plan.cp
     chunks = in_flight(plan, stage.rank)

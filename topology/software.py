@@ -122,6 +122,12 @@ class Software:
     # and whether the pipeline keeps each in-flight micro-batch's stage output in a buffer of its own.
     optimizer_temp_bytes_per_param: int = 0
     pipeline_output_buffers: bool = False
+    # The 16-bit .grad of every parameter stays allocated beside the fp32 accumulation buffer
+    # (2 bytes per parameter more, not sharded): DeepSpeed's PipelineEngine with BF16_Optimizer frees
+    # them only when the next backward starts (runtime/pipe/engine.py _exec_backward_pass:
+    # clear_lp_grads() before, update_hp_grads(clear_lp_grads=False) after, since the optimizer's
+    # first release, DeepSpeed #1801).
+    keeps_16bit_grads: bool = False
     # Optimizer state per parameter of the shard: fp32 master weights, momentum and variance (12,
     # Rajbhandari et al. 2020); apex's DistributedFusedAdam keeps all three in its `dtype` (6 with
     # dtype bf16).
@@ -223,16 +229,29 @@ MEGATRON_2021_TORCH_DDP = replace(MEGATRON_2021, name="megatron-lm-2021-torch-dd
 # PipelineEngine refuses ZeRO-2 and 3; BF16_Optimizer shards the fp32 optimizer state over DP (ZeRO-1).
 # Memory: the PipelineEngine keeps each in-flight micro-batch's stage output in
 # pipe_buffers['outputs'] until its backward (runtime/pipe/engine.py _exec_forward_pass;
-# TrainSchedule.num_pipe_buffers = stages - stage_id); DeepSpeed's FusedAdam steps in place.
-# BF16_Optimizer's bf16 .grad copies are not counted: BLOOM's 2022 version set them to None after
-# each accumulation into the fp32 buffer (today's zeroes and keeps them, 2 bytes per parameter more).
+# TrainSchedule.num_pipe_buffers = stages - stage_id); DeepSpeed's FusedAdam steps in place; the
+# bf16 .grad copies stay beside the fp32 buffer (keeps_16bit_grads).
 DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, name="deepspeed-pipe-bf16",
                               label="DeepSpeed's pipeline engine with BF16_Optimizer", zero_stages=(0, 1),
                               fp32_grads=True, blocking_p2p=True, full_grad_allreduce=True,
                               grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY,
-                              pipeline_output_buffers=True)
+                              pipeline_output_buffers=True, keeps_16bit_grads=True)
+# The same engine with DeepSpeed's own ZeRO-1 optimizer on 16-bit weights, as BigScience ran its
+# layout sweep before BF16_Optimizer existed (chronicles-prequel.md: the runs after the 02-25
+# tables are "with BF16 optimizer that was just written to accumulate gradients in fp32 ...
+# compared to fp16 which grad accumulates in fp16. The additional memory usage is 4bytes x
+# params"; their slurm scripts then ran ZERO_STAGE=1 on DeepSpeed master). DeepSpeed 0.5
+# (zero/stage_1_and_2.py, defaults reduce_scatter and contiguous_gradients on, overlap_comm off):
+# autograd accumulates the 16-bit .grad; after the flush each bucket's slices are reduced to the
+# ranks that own them (average_tensor: dist.reduce per owner, a reduce-scatter's bytes) in 16 bits;
+# the step flattens the owned slice and casts it to fp32 (2 + 4 bytes per parameter of the shard,
+# in memory the activations have freed), and the updated 16-bit weights are all-gathered.
+DEEPSPEED_PIPE_ZERO1 = replace(MEGATRON_2021, name="deepspeed-pipe-zero1",
+                               label="DeepSpeed's pipeline engine with its ZeRO-1 optimizer (16-bit gradients)",
+                               zero_stages=(0, 1), blocking_p2p=True, grad_accum_bytes_per_param=GRAD_ADD_16BIT,
+                               pipeline_output_buffers=True, optimizer_temp_bytes_per_param=6)
 
 # `hybridpar plan --software NAME`: plan for hybridpar's runtime (default) or evaluate a layout
 # under the stack a published run used.
 PROFILES = {sw.name: sw for sw in (HYBRIDPAR, MEGATRON_CORE, NEMO_DFA, MEGATRON_2021, MEGATRON_2022, MEGATRON_2021_TORCH_DDP,
-                                   DEEPSPEED_BF16_PIPE)}
+                                   DEEPSPEED_BF16_PIPE, DEEPSPEED_PIPE_ZERO1)}

@@ -132,9 +132,9 @@ def test_published_layouts_evaluate_from_the_command_line_with_their_software(ca
     """A user can ask the CLI what a published pre-2022 layout does on the stack it ran on: the
     Narayanan et al. 2021 runs under --software megatron-lm-2021 (no sequence parallelism, no
     ZeRO; megatron-lm-2021-torch-ddp for the four run with torch DDP) and BLOOM under --software
-    deepspeed-pipe-bf16 with Jean Zay's 50 Gbit/s per GPU give exactly what
+    deepspeed-pipe-bf16 with the network NCCL reached on Jean Zay (cases.JEAN_ZAY_NETWORK_GBPS) give exactly what
     tests/unit/test_planner_cases.py checks against the reported throughput."""
-    from hybridpar.topology.cases import CASES_PATH, case_software, load_cases, predict_case
+    from hybridpar.topology.cases import CASES_PATH, JEAN_ZAY_NETWORK_GBPS, case_software, load_cases, predict_case
 
     if not CASES_PATH.is_file():
         pytest.skip("no published cases file")
@@ -155,7 +155,7 @@ def test_published_layouts_evaluate_from_the_command_line_with_their_software(ca
                             ("recompute", chosen.recompute)]:
             argv += [f"--{flag}", str(value)]
         if bloom:
-            argv += ["--network-gbit", "50"]
+            argv += ["--network-gbit", str(JEAN_ZAY_NETWORK_GBPS * 8)]
         code, out, err = run(argv, capsys)
         assert code == 0, err
         plan = json.loads(out)["plans"][0]

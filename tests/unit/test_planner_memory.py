@@ -7,7 +7,7 @@ from hybridpar.topology.memory import CUDA_CONTEXT_BYTES, LOGIT_BYTES, NCCL_CHAN
 from hybridpar.topology.models import PRESETS, ModelSpec
 from hybridpar.topology.plan import Plan
 from hybridpar.topology.software import DEEPSPEED_BF16_PIPE, HYBRIDPAR, MEGATRON_2021, MEGATRON_CORE
-from hybridpar.topology.stages import stages
+from hybridpar.topology.stages import params_per_rank, stages
 
 
 @pytest.mark.parametrize("zero, expected_gb", [(0, 120.0), (1, 31.4), (2, 16.6), (3, 1.9)])
@@ -168,3 +168,21 @@ def test_nemo_distributed_fused_adam_holds_bf16_gradients_and_its_state_in_its_d
     bf16_state = replace(nemo, optimizer_state_bytes_per_param=6)
     assert model_state_bytes(1e9, 8, 1, optimizer_bytes=6)[2] == pytest.approx(6e9 / 8)
     assert optimizer_step_bytes(MEGATRON_CORE) == 30 and optimizer_step_bytes(bf16_state) == 18
+
+
+def test_deepspeed_pipeline_gradients_as_each_optimizer_holds_them():
+    """BF16_Optimizer under the PipelineEngine keeps the bf16 .grad beside its fp32 accumulation buffer
+    (6 bytes per parameter at the peak); DeepSpeed's own ZeRO-1 on 16-bit weights, as BigScience's
+    layout sweep ran before BF16_Optimizer existed, holds only the 16-bit .grad (2), and its step
+    casts the owned slice to fp32 after the activations are gone."""
+    from hybridpar.topology.software import DEEPSPEED_PIPE_ZERO1
+
+    m = _gpt(64, 14336, 72)
+    plan = Plan(m, 2048, 2016, tp=8, pp=2, dp=24, micro_batch=1, zero_stage=1, recompute="full")
+    first = stages(plan)[0]
+    n = params_per_rank(plan, first)
+    bf16 = stage_memory(plan, first, DEEPSPEED_BF16_PIPE)
+    zero1 = stage_memory(plan, first, DEEPSPEED_PIPE_ZERO1)
+    assert bf16.grads == pytest.approx(6 * n) and zero1.grads == pytest.approx(2 * n)
+    assert bf16.optimizer == zero1.optimizer == pytest.approx(12 * n / 24)
+    assert zero1.optimizer_step_temp == max(0.0, 6 * n / 24 - (zero1.activations + zero1.logits + zero1.pipeline_buffers))

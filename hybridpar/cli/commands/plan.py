@@ -55,7 +55,7 @@ def add_arguments(p):
     p.add_argument("--recompute", choices=list(RECOMPUTE_MODES), help="pin activation recomputation")
     p.add_argument("--software", choices=list(SOFTWARE), default="hybridpar",
                    help="the training software the plan is for (default hybridpar: its own runtime; "
-                   "megatron-core; nemo-distributed-fused-adam, megatron-lm-2021, megatron-lm-2022, megatron-lm-2021-torch-ddp and deepspeed-pipe-bf16 to "
+                   "megatron-core; nemo-distributed-fused-adam, megatron-lm-2021, megatron-lm-2022, megatron-lm-2021-torch-ddp, deepspeed-pipe-bf16 and deepspeed-pipe-zero1 to "
                    "evaluate older published layouts)")
     p.add_argument("--network-gbit", type=float,
                    help="scale-out network per GPU and direction, Gbit/s (default: the GPU's catalogue "
