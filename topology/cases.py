@@ -59,6 +59,16 @@ def _modern(case: dict) -> bool:
 
 
 def case_software(case: dict) -> tuple[Software, GPU]:
+    sw, gpu = _stack(case)
+    if case["id"].startswith("bloom"):
+        # BigScience ran on Jean Zay with CUDA_LAUNCH_BLOCKING=1 from the 02-17 tables on, the
+        # workaround for NCCL hangs at 320+ GPUs (chronicles-prequel.md, "dealing with JZ hanging on
+        # the large model"; tr11-176B-ml.slurm exports it for the production run).
+        sw = replace(sw, launch_blocking=True)
+    return sw, gpu
+
+
+def _stack(case: dict) -> tuple[Software, GPU]:
     gpu = get_gpu(case["gpu"].lower())
     if case.get("network_gbit_per_gpu"):
         gpu = replace(gpu, network_gbps=case["network_gbit_per_gpu"] / 8)

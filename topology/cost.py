@@ -135,9 +135,13 @@ def gemm_fwd_bwd(m: int, k: int, n: int, gpu: GPU, peak: float, batch: int = 1, 
     return fwd, bwd
 
 
-def kernel_bound(gpu_s: float, kernels: int) -> float:
+def kernel_bound(gpu_s: float, kernels: int, launch_blocking: bool = False) -> float:
     """A layer's pass of ``kernels`` kernels taking ``gpu_s`` of work: each kernel boundary adds
-    KERNEL_GAP_S, and the GPU cannot finish before the host has issued them all."""
+    KERNEL_GAP_S, and the GPU cannot finish before the host has issued them all. With
+    CUDA_LAUNCH_BLOCKING=1 the host waits for each kernel before issuing the next, so nothing of
+    the issue is hidden."""
+    if launch_blocking:
+        return gpu_s + kernels * (KERNEL_GAP_S + HOST_OP_S)
     return max(gpu_s + kernels * KERNEL_GAP_S, kernels * HOST_OP_S)
 
 
@@ -236,7 +240,8 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     ew = tokens * (hidden_bytes / (tp if sp else 1) + act_bytes + rope_bytes)
     fwd += hbm_time(ew, gpu)
     bwd += hbm_time(2 * ew, gpu)
-    fwd, bwd = kernel_bound(fwd, sw.kernels_per_layer[0]), kernel_bound(bwd, sw.kernels_per_layer[1])
+    fwd = kernel_bound(fwd, sw.kernels_per_layer[0], sw.launch_blocking)
+    bwd = kernel_bound(bwd, sw.kernels_per_layer[1], sw.launch_blocking)
     if recompute == "full":
         bwd += fwd
     elif recompute == "selective" and not sw.flash_attention:

@@ -138,6 +138,10 @@ class Software:
     # composition; CUDA fuses it). Stacks with Transformer Engine's fused modules launch fewer,
     # Megatron-LM 2021's unfused dropout more; not counted here, so the one count stands for all.
     kernels_per_layer: tuple[int, int] = (43, 58)
+    # The run set CUDA_LAUNCH_BLOCKING=1: every kernel launch returns only when the kernel is done
+    # (cost.kernel_bound). A property of how a run was launched, not of the stack: cases.py sets it
+    # for the runs that did.
+    launch_blocking: bool = False
     # Rank order: DP varies faster than PP (Megatron-LM's and DeepSpeed's layouts, see
     # links.dp_ranks_per_node), or DP outermost (hybridpar's mesh; Llama 3's [TP, CP, PP, DP]).
     dp_inside_pp: bool = False

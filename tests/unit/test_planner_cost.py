@@ -360,3 +360,21 @@ def test_attention_sequence_curve_matches_a_measured_hopper_kernel():
     curve = lambda s: s / (s + ATTN_SHORT_SEQ)
     for seq, rate in FA3_H100.items():
         assert curve(seq) / curve(16384) == pytest.approx(rate / FA3_H100[16384], rel=0.025), seq
+
+
+def test_blocking_launches_add_every_kernels_issue_to_its_work():
+    """With CUDA_LAUNCH_BLOCKING=1 (BigScience's runs on Jean Zay) the host issues a kernel only after
+    the previous one finished: the issue adds to the GPU's work instead of hiding behind it, for large
+    layers and tiny ones alike, and cases.py sets it for those runs alone."""
+    from hybridpar.topology.cases import case_software, load_cases, VALIDATION_PATH
+    from hybridpar.topology.cost import HOST_OP_S, KERNEL_GAP_S, kernel_bound, layer_time
+
+    assert kernel_bound(1e-3, 50, launch_blocking=True) == pytest.approx(1e-3 + 50 * (KERNEL_GAP_S + HOST_OP_S))
+    assert kernel_bound(1e-6, 50, launch_blocking=True) == pytest.approx(1e-6 + 50 * (KERNEL_GAP_S + HOST_OP_S))
+    h100, m = get_gpu("h100-80gb"), PRESETS["llama3-8b"]
+    blocking = replace(HYBRIDPAR, launch_blocking=True)
+    free, held = (layer_time(m, h100, "bf16", 8192, 1, 1, 1, True, "none", sw, 8) for sw in (HYBRIDPAR, blocking))
+    assert held.fwd - free.fwd == pytest.approx(43 * HOST_OP_S)
+    runs = load_cases(VALIDATION_PATH)
+    assert {r["id"].startswith("bloom") for r in runs if case_software(r)[0].launch_blocking} == {True}
+    assert any(case_software(r)[0].launch_blocking for r in runs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 from hybridpar.topology.hardware import CATALOGUE, GIB, HardwareError, load_gpu
@@ -60,6 +61,9 @@ def add_arguments(p):
     p.add_argument("--network-gbit", type=float,
                    help="scale-out network per GPU and direction, Gbit/s (default: the GPU's catalogue "
                    "node, 400 for H100/H200/H800, 200 for A100)")
+    p.add_argument("--cuda-launch-blocking", action="store_true",
+                   help="cost the plan for a run with CUDA_LAUNCH_BLOCKING=1, where the host waits for every kernel "
+                   "(BigScience trained BLOOM so, to avoid NCCL hangs)")
     p.add_argument("--headroom", type=float, default=0.0, metavar="PERCENT",
                    help="share of each GPU's memory a plan must leave free, in percent (default 0; recipes use 10)")
     p.add_argument("--tolerate-replica-loss", action="store_true",
@@ -88,8 +92,6 @@ def recipe_defaults(path: str) -> dict:
     model = recipe.model
     tied = recipe.train.tied_embeddings
     if tied is not None and tied != model.tied_embeddings:
-        from dataclasses import replace
-
         model = replace(model, tied_embeddings=tied)
     written = (yaml.safe_load(Path(path).read_text()) or {}).get("parallel") or {}
     return {"model": model, "seq_len": recipe.train.seq_len or None,
@@ -121,6 +123,8 @@ def build_request(args) -> tuple[Request, int]:
     if args.network_gbit is not None and not 0 < args.network_gbit < math.inf:
         raise UsageError(f"--network-gbit must be a positive number of Gbit/s per GPU, got {args.network_gbit}")
     software = SOFTWARE[getattr(args, "software", "hybridpar")]
+    if getattr(args, "cuda_launch_blocking", False):
+        software = replace(software, launch_blocking=True)
     if software.name == "deepspeed-pipe-bf16" and args.precision != "bf16":
         raise UsageError(f"--software deepspeed-pipe-bf16 models DeepSpeed's BF16_Optimizer; use --precision bf16, "
                          f"not {args.precision}")
@@ -212,7 +216,7 @@ def render_validation() -> str:
               f"(median error) {s.signed_bias:+.1%}, {s.within} within {validation.TOLERANCE:.0%}",
               f"memory verdicts right: {s.memory_right} of {s.memory_checked} (runs that ran predicted to fit, "
               "runs that ran out of memory predicted not to)"]
-    lines += [f"ranking inside sweep {name}: Spearman {rho:.2f} (predicted vs reported MFU)" for name, rho in s.sweeps.items()]
+    lines += [f"ranking inside sweep {name}: Spearman {rho:.3f} (predicted vs reported MFU; 1 = the measured order)" for name, rho in s.sweeps.items()]
     lines.append(f"range given with every prediction: reported/predicted {lo:.2f}-{hi:.2f} "
                  f"({validation.RANGE_PERCENTILES[0]}th-{validation.RANGE_PERCENTILES[1]}th percentile)")
     return "\n".join(lines)
