@@ -26,3 +26,12 @@ def no_ranks_may_start(monkeypatch):
     monkeypatch.setattr(launch, "init_distributed", forbidden)
     for key in ("RANK", "WORLD_SIZE"):
         monkeypatch.delenv(key, raising=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_8_ranks(tmp_path_factory):
+    """(run directory, finished process) of tests/tiny_8_ranks.py's run, started once per session."""
+    import tiny_8_ranks
+
+    out = tmp_path_factory.mktemp("tiny_8_ranks") / "run"
+    return out, tiny_8_ranks.run(out)

@@ -1,6 +1,7 @@
 """Preemption and stops on 8 CPU ranks (TP2 x PP2 x DP2): real signals, real checkpoints.
 
-One uninterrupted 14-step run is the reference. A second run of the same recipe is stopped three
+One uninterrupted 14-step run is the reference (tests/tiny_8_ranks.py, shared with
+test_train_command.py). A second run of the same recipe, with the same flags, is stopped three
 ways and continued each time with ``--resume auto``, as a requeued job script does:
 1. SIGTERM to the launcher (what SLURM and Kubernetes send): the ranks finish their step, save
    it, rank 0 prints one line, the job exits 143 and status.json says "stopped";
@@ -15,23 +16,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-STEPS = 14
-LAYOUT = ["--nproc", "8", "--tp", "2", "--pp", "2", "--dp", "2"]
+from tiny_8_ranks import ROOT, STEPS, environment, train_command
 
 
 def _start(out: Path, *extra: str) -> subprocess.Popen:
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "hybridpar", "train", "--recipe", str(ROOT / "recipes" / "tiny.yaml"), *LAYOUT,
-           "--steps", str(STEPS), "--out", str(out), "--save-every", "100", "--no-progress", *extra]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    return subprocess.Popen(train_command(out, *extra), cwd=ROOT, env=environment(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def _steps(out: Path) -> list[dict]:
@@ -58,8 +52,6 @@ def _finish(proc: subprocess.Popen) -> tuple[int, str, str]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("preemption")
-    ref = _finish(_start(base / "ref"))
-    assert ref[0] == 0, ref[2][-3000:]
     out = base / "stopped"
     stops = [
         _stop_after(_start(out), out, 3, lambda p: p.send_signal(signal.SIGTERM)),
@@ -89,9 +81,9 @@ def test_status_file_tells_a_job_script_to_requeue(runs):
     assert final["status"] == "finished" and final["step"] == STEPS
 
 
-def test_resumed_steps_equal_the_uninterrupted_run_bit_for_bit(runs):
+def test_resumed_steps_equal_the_uninterrupted_run_bit_for_bit(runs, tiny_8_ranks):
     base, _, _ = runs
-    ref, got = _steps(base / "ref"), _steps(base / "stopped")
-    assert [m["step"] for m in got] == list(range(1, STEPS + 1))  # each step once, in order
+    ref, got = _steps(tiny_8_ranks[0]), _steps(base / "stopped")
+    assert [m["step"] for m in got] == [m["step"] for m in ref] == list(range(1, STEPS + 1))  # each step once, in order
     for a, b in zip(ref, got):
         assert (a["loss"], a["grad_norm"], a["lr"]) == (b["loss"], b["grad_norm"], b["lr"]), (a, b)
