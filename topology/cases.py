@@ -59,21 +59,19 @@ def _modern(case: dict) -> bool:
 
 
 def case_software(case: dict) -> tuple[Software, GPU]:
-    sw, gpu = _stack(case)
+    sw, gpu = _profile(case), get_gpu(case["gpu"].lower())
+    if case.get("network_gbit_per_gpu"):
+        gpu = replace(gpu, network_gbps=case["network_gbit_per_gpu"] / 8)
     if case["id"].startswith("bloom"):
-        # BigScience ran on Jean Zay with CUDA_LAUNCH_BLOCKING=1 from the 02-17 tables on, the
-        # workaround for NCCL hangs at 320+ GPUs (chronicles-prequel.md, "dealing with JZ hanging on
-        # the large model"; tr11-176B-ml.slurm exports it for the production run).
-        sw = replace(sw, launch_blocking=True)
+        # BLOOM and its sweep ran on Jean Zay (JEAN_ZAY_NETWORK_GBPS) with CUDA_LAUNCH_BLOCKING=1 from the
+        # 02-17 tables on, the workaround for NCCL hangs at 320+ GPUs (chronicles-prequel.md, "dealing
+        # with JZ hanging on the large model"; tr11-176B-ml.slurm exports it for the production run).
+        sw, gpu = replace(sw, launch_blocking=True), replace(gpu, network_gbps=JEAN_ZAY_NETWORK_GBPS)
     return sw, gpu
 
 
-def _stack(case: dict) -> tuple[Software, GPU]:
-    gpu = get_gpu(case["gpu"].lower())
-    if case.get("network_gbit_per_gpu"):
-        gpu = replace(gpu, network_gbps=case["network_gbit_per_gpu"] / 8)
-    if case["id"].startswith("bloom"):  # BLOOM's and its sweep's cluster
-        gpu = replace(gpu, network_gbps=JEAN_ZAY_NETWORK_GBPS)
+def _profile(case: dict) -> Software:
+    """The software profile of the stack that ran the case."""
     if case.get("software") in PROFILES:
         # e.g. NeMo/megatron-core recipes: distributed optimizer, overlapped grad reduce / param
         # gather / p2p, cuDNN or FlashAttention kernels: hybridpar's layers, classic ZeRO-2.
@@ -82,18 +80,18 @@ def _stack(case: dict) -> tuple[Software, GPU]:
             # apex DistributedFusedAdam with dtype bf16 (nemotron4-340b-synth.yaml): parameter copy
             # and both moments in bf16
             sw = replace(sw, optimizer_state_bytes_per_param=6)
-        return sw, gpu
+        return sw
     if case["id"].startswith("llama3"):
         # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2, as megatron-core's
         # profile); FlashAttention-2 on H100 reaches "only 35% utilization" (FlashAttention-3 paper,
         # abstract).
         # Its ranks are ordered [TP, CP, PP, DP] innermost first (§3.3.2), DP outermost.
-        return replace(MEGATRON_CORE, attention_fraction=0.35, dp_inside_pp=False), gpu
+        return replace(MEGATRON_CORE, attention_fraction=0.35, dp_inside_pp=False)
     if case["id"].startswith("bloom"):
-        return DEEPSPEED_BF16_PIPE, gpu
+        return DEEPSPEED_BF16_PIPE
     if case["id"] in TORCH_DDP_RUNS:
-        return MEGATRON_2021_TORCH_DDP, gpu
-    return MEGATRON_2021, gpu
+        return MEGATRON_2021_TORCH_DDP
+    return MEGATRON_2021
 
 
 def case_plans(case: dict) -> list[Plan]:

@@ -235,11 +235,11 @@ MEGATRON_2021_TORCH_DDP = replace(MEGATRON_2021, name="megatron-lm-2021-torch-dd
 # pipe_buffers['outputs'] until its backward (runtime/pipe/engine.py _exec_forward_pass;
 # TrainSchedule.num_pipe_buffers = stages - stage_id); DeepSpeed's FusedAdam steps in place; the
 # bf16 .grad copies stay beside the fp32 buffer (keeps_16bit_grads).
-DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, name="deepspeed-pipe-bf16",
-                              label="DeepSpeed's pipeline engine with BF16_Optimizer", zero_stages=(0, 1),
-                              fp32_grads=True, blocking_p2p=True, full_grad_allreduce=True,
-                              grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY,
-                              pipeline_output_buffers=True, keeps_16bit_grads=True)
+_DEEPSPEED_PIPE = replace(MEGATRON_2021, zero_stages=(0, 1), blocking_p2p=True, pipeline_output_buffers=True)
+DEEPSPEED_BF16_PIPE = replace(_DEEPSPEED_PIPE, name="deepspeed-pipe-bf16",
+                              label="DeepSpeed's pipeline engine with BF16_Optimizer", fp32_grads=True,
+                              full_grad_allreduce=True, grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY,
+                              keeps_16bit_grads=True)
 # The same engine with DeepSpeed's own ZeRO-1 optimizer on 16-bit weights, as BigScience ran its
 # layout sweep before BF16_Optimizer existed (chronicles-prequel.md: the runs after the 02-25
 # tables are "with BF16 optimizer that was just written to accumulate gradients in fp32 ...
@@ -250,10 +250,9 @@ DEEPSPEED_BF16_PIPE = replace(MEGATRON_2021, name="deepspeed-pipe-bf16",
 # ranks that own them (average_tensor: dist.reduce per owner, a reduce-scatter's bytes) in 16 bits;
 # the step flattens the owned slice and casts it to fp32 (2 + 4 bytes per parameter of the shard,
 # in memory the activations have freed), and the updated 16-bit weights are all-gathered.
-DEEPSPEED_PIPE_ZERO1 = replace(MEGATRON_2021, name="deepspeed-pipe-zero1",
+DEEPSPEED_PIPE_ZERO1 = replace(_DEEPSPEED_PIPE, name="deepspeed-pipe-zero1",
                                label="DeepSpeed's pipeline engine with its ZeRO-1 optimizer (16-bit gradients)",
-                               zero_stages=(0, 1), blocking_p2p=True, grad_accum_bytes_per_param=GRAD_ADD_16BIT,
-                               pipeline_output_buffers=True, optimizer_temp_bytes_per_param=6)
+                               grad_accum_bytes_per_param=GRAD_ADD_16BIT, optimizer_temp_bytes_per_param=6)
 
 # `hybridpar plan --software NAME`: plan for hybridpar's runtime (default) or evaluate a layout
 # under the stack a published run used.
