@@ -5,11 +5,10 @@ bad input in-process: tests/unit/test_train_cli.py). The 8-rank run is the sessi
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
-from tiny_8_ranks import ROOT, STEPS, TINY
+from tiny_8_ranks import ROOT, STEPS, TINY, environment
 
 
 def test_bad_input_from_the_real_command_line(tmp_path):
@@ -32,12 +31,9 @@ COMPARED_STEPS = 5
 
 def _train(tmp_path, name, *flags, recipe=TINY):
     out = tmp_path / name
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    env.pop("RANK", None)
-    env.pop("WORLD_SIZE", None)
     cmd = [sys.executable, "-m", "hybridpar", "train", "--recipe", str(recipe), "--steps", str(STEPS), "--seed", "0",
            "--out", str(out), *flags]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(cmd, cwd=ROOT, env=environment(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc, _metrics(out), _layout(out)
 
