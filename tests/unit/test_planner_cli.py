@@ -285,6 +285,10 @@ def test_readme_figures_for_a_measured_h100_and_for_b200(tmp_path, capsys):
     assert layout(catalogue) == (8, 2, 16, 8, 64) and layout(measured) == (8, 2, 16, 8, 64)
     assert round(catalogue["step_time_s"], 2) == 6.13 and round(measured["step_time_s"], 2) == 6.84
     assert layout(b200) == (8, 2, 32, 4, 32) and round(b200["step_time_s"], 2) == 3.08
+    # the README quotes the first plan with the ranges of today's validation spread
+    (lo, hi), (mlo, mhi) = catalogue["step_time_s_range"], catalogue["mfu_range"]
+    quoted = f"6.13 s ({lo:.2f}-{hi:.2f} s), {catalogue['mfu']:.0%} MFU ({mlo * 100:.0f}-{mhi * 100:.0f}%)"
+    assert quoted in (REPO / "README.md").read_text(), quoted
 
 
 def test_every_plan_carries_ranges_and_its_validated_region(capsys):
