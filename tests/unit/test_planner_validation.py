@@ -115,3 +115,14 @@ def test_outside_the_validated_region_says_which_axis():
     assert "sequence length" in validation.outside_validated_region(405e9, "h100-80gb", 2048, 1_048_576)
     assert "hidden/TP" in validation.outside_validated_region(405e9, "h100-80gb", 64, 8192)
     assert validation.outside_validated_region(405e9, "h100-80gb (mine)", 2048, 8192) is None
+
+
+def test_the_readme_quotes_the_current_validation():
+    from pathlib import Path
+
+    s = validation.summary()
+    readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
+    for quoted in (f"over {s.timed} published runs", f"median |error| {s.median_abs_error:.1%}",
+                   f"lean {s.signed_bias:+.1%} high", f"{s.memory_right} of {s.memory_checked} memory verdicts right",
+                   f"Spearman {s.sweeps['bloom-tr11-2022-02-25']:.3f}"):
+        assert quoted in readme, quoted
