@@ -177,6 +177,16 @@ class StepMonitor:
         self.write(describe(self.yardstick))
         return first_step
 
+    def close(self) -> None:
+        """Flush and close the TensorBoard file and the progress bar (a run that stopped early
+        never reaches its last step, where on_step closes them)."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
     def on_world_change(self, job) -> None:
         """A DP replica was lost or taken in (or this rank joined): the layout's yardstick, and
         rank 0 may be another process now."""

@@ -25,7 +25,6 @@ function of (seed, step): every step's rows are trained exactly once in the fina
 from __future__ import annotations
 
 import io
-import sys
 import os
 import threading
 import time
@@ -179,16 +178,6 @@ def world(timeout_s: float = 600) -> TolerantWorld:
     if _WORLD is None:
         _WORLD = TolerantWorld(timeout_s)
     return _WORLD
-
-
-def exit_after_world_changes(code: int) -> None:
-    """A rank that left a world exits here, without running the interpreter's teardown: the
-    aborted process groups of that world cannot be freed cleanly (gloo's threads may still hold
-    a dead connection), and freeing them at exit can abort the process after a good run."""
-    if _WORLD is not None and _WORLD.first is not None and _WORLD.generation is not _WORLD.first:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
 
 
 # --- snapshots -----------------------------------------------------------------------------

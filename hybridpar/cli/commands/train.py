@@ -137,15 +137,12 @@ def _quiet_libraries() -> None:
 
 def run(args) -> int:
     from hybridpar.config.run import RunPlan
-    from hybridpar.launch.local import launch_local, under_launcher
+    from hybridpar.launch.local import exit_rank, launch_local, under_launcher
     from hybridpar.reliability.run_dir import RunDirs, claim
 
     if args.run_plan:  # a rank started by `hybridpar train --nproc`: the launcher resolved and claimed the run
         code = _run_rank(RunPlan.load(args.run_plan), claimed=True, launched=True)
-        from hybridpar.reliability.replica_loss import exit_after_world_changes
-
-        exit_after_world_changes(code)
-        return code
+        exit_rank(code)
     run = prepare(args)
     if under_launcher():  # a rank under torchrun or SLURM: rank 0 claims the run for all
         return _run_rank(run, claimed=False, launched=True, overwrite=args.overwrite)
@@ -185,7 +182,7 @@ def _run_rank(run, claimed: bool, launched: bool, overwrite: bool = False) -> in
     import torch.distributed as dist
 
     rank0 = dist.get_rank() == 0
-    held = None
+    held = monitor = None
     code, failed = 0, False
     try:
         if not claimed:
@@ -224,6 +221,8 @@ def _run_rank(run, claimed: bool, launched: bool, overwrite: bool = False) -> in
         failed = True
         raise
     finally:
+        if monitor is not None:
+            monitor.close()
         shutdown(barrier=not failed)  # after an error the peers may never come to a barrier
         if held is not None:
             held.release()
