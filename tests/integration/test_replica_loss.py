@@ -8,12 +8,14 @@ Three runs lose a replica to a real SIGKILL (faults from reliability/faults.py) 
 - B: TP2 x DP4 without ZeRO. Rank 5 dies in the forward of step 5 (step 4 saved).
 - C: TP2 x PP2 x DP2, ZeRO-1: rank 5 (replica 1's second pipeline stage) dies in step 4, after the
   forward of its second micro-batch, with activations in flight between the stages.
+- D: B's layout and fault with ZeRO-2: the survivors regroup DeepSpeed's ZeRO-2 optimizer shards
+  over 3 replicas instead of 4.
 
 Each finishes all 12 steps with exit 0 and each step logged once. After the loss each equals a
 run stopped at the last step the survivors kept and restarted from its checkpoint on the
 surviving replicas with the same global batch (24 sequences): for B and C their own checkpoints.
-A writes none: it shares B's restart, TP2 x DP3 from B's step-4 checkpoint (B is A's layout without
-ZeRO and fault-free until step 5; A equals B through step 4 is checked). After the rejoin A equals
+A and D write none: they share B's restart, TP2 x DP3 from B's step-4 checkpoint (B is A's layout without
+ZeRO and fault-free until step 5; A and D equal B through step 4 is checked). After the rejoin A equals
 a 4-replica ZeRO-1 run resumed from that restart's state after step 8. Tolerances are those of the
 layout equivalence tests (tests/integration/test_runtime.py): 1e-5 on the loss, 1e-5 relative on
 the grad norm.
@@ -74,6 +76,8 @@ def runs(tmp_path_factory):
                       fault="kill-after-step:rank=5:step=4;hold-for-rejoin:rank=0:step=8")
     out["B"] = _train(base / "B", 8, *DP4, "--zero", "0", "--tolerate-replica-loss", "--save-every", "4", "--sync-save",
                       fault="kill-in-step:rank=5:step=5")
+    out["D"] = _train(base / "D", 8, *DP4, "--zero", "2", "--tolerate-replica-loss", "--no-save",
+                      fault="kill-in-step:rank=5:step=5")
     out["C"] = _train(base / "C", 8, "--tp", "2", "--pp", "2", "--dp", "2", "--zero", "1", "--tolerate-replica-loss",
                       "--save-every", "3", "--sync-save", fault="kill-in-step:rank=5:step=4:micro=2")
     # the references: restarted from a checkpoint on the survivors (the LR schedule stays that of 12 steps)
@@ -87,7 +91,7 @@ def runs(tmp_path_factory):
 
 def test_each_run_finishes_every_step_once(runs):
     base, out = runs
-    for name in "ABC":
+    for name in "ABCD":
         metrics = _metrics(base / name)
         assert sorted(metrics) == list(range(1, STEPS + 1)), (name, sorted(metrics))
         stdout_steps = [int(re.match(r"step (\d+)/", line).group(1)) for line in _lines(out[name].stdout, "step ")]
@@ -99,6 +103,7 @@ def test_one_line_names_the_lost_replica_its_ranks_and_the_step(runs):
     _, out = runs
     want = {"A": ("replica 2 (ranks 4-5) lost in step 5", "after step 4", 5, "3 replicas"),  # seen in step 5
             "B": ("replica 2 (ranks 4-5) lost in step 5", "after step 4", 5, "3 replicas"),
+            "D": ("replica 2 (ranks 4-5) lost in step 5", "after step 4", 5, "3 replicas"),
             "C": ("replica 1 (ranks 4-7) lost in step 4", "after step 3", 4, "1 replicas")}
     for name, (lost, state, next_step, left) in want.items():
         lines = [line for line in _lines(out[name].stdout, "hybridpar train: replica") if " lost " in line]
@@ -113,11 +118,13 @@ def test_one_line_names_the_lost_replica_its_ranks_and_the_step(runs):
 
 def test_survivors_train_like_a_restart_from_a_checkpoint_on_the_surviving_replicas(runs):
     base, _ = runs
-    a, b, c = (_metrics(base / n) for n in "ABC")
+    a, b, c, d = (_metrics(base / n) for n in "ABCD")
     dp3, pp2 = _metrics(base / "DP3"), _metrics(base / "PP2")
     _assert_equal(a, b, range(1, 5))  # before the loss: ZeRO-1 and no ZeRO train alike
     _assert_equal(a, dp3, range(5, 9))
     _assert_equal(b, dp3, range(5, STEPS + 1))
+    _assert_equal(d, b, range(1, 5))  # ZeRO-2 before the loss
+    _assert_equal(d, dp3, range(5, STEPS + 1))  # and after it, its shards regrouped over 3 replicas
     _assert_equal(c, pp2, range(4, STEPS + 1))
 
 
