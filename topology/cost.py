@@ -30,7 +30,7 @@ from functools import lru_cache
 from math import ceil, log2
 
 from .hardware import GPU, get_gpu
-from .links import dp_link_gbps, dp_ranks_per_node, group_nodes, link_time, nccl_latency, pp_crosses_nodes
+from .links import allreduce_time, dp_link_gbps, dp_ranks_per_node, group_nodes, link_time, nccl_latency, pp_crosses_nodes
 from .models import ModelSpec
 from .plan import Plan
 from .software import HYBRIDPAR, Software
@@ -313,8 +313,7 @@ def end_stage_tp_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: i
             t += ar / 2 + _hidden(ar / 2, dgrad, sw) + _hidden(ar / 2, wgrad, sw)
         else:
             t += _hidden(ar, wgrad, sw)
-        t += 3 * (link_time(ring * tokens * 4, bw)
-                  + nccl_latency(2 * (tp - 1), tp, group_nodes(tp, tp, gpus_per_node), allreduce=True))
+        t += 3 * allreduce_time(tokens * 4, tp, group_nodes(tp, tp, gpus_per_node), bw)
     return t
 
 
@@ -438,8 +437,8 @@ def _tied_embedding_sync(plan: Plan, gpu: GPU, sw: Software) -> float:
         return 0.0
     crosses = pp_crosses_nodes(plan, sw)
     bw = gpu.network_gbps if crosses else gpu.nvlink_gbps
-    return (link_time(plan.model.embedding_params / plan.tp * (4 if sw.fp32_grads else 2), bw)
-            + nccl_latency(2, 2, 2 if crosses else 1, allreduce=True))
+    return allreduce_time(plan.model.embedding_params / plan.tp * (4 if sw.fp32_grads else 2), 2,
+                          2 if crosses else 1, bw)
 
 
 def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> StepCost:

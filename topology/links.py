@@ -38,6 +38,13 @@ def nccl_latency(steps: int, ranks: int, nodes: int, allreduce: bool = False) ->
     return lat * (NCCL_RING_PLATEAU if allreduce and nodes > 1 else 1.0)
 
 
+def allreduce_time(nbytes: float, ranks: int, nodes: int, gbps: float) -> float:
+    """One ring all-reduce of ``nbytes`` on each of ``ranks`` ranks over ``nodes`` nodes: each rank
+    moves 2(n-1)/n of them over its link, plus NCCL's latency for the 2(n-1) ring steps."""
+    return (link_time(2 * (ranks - 1) / ranks * nbytes, gbps)
+            + nccl_latency(2 * (ranks - 1), ranks, nodes, allreduce=True))
+
+
 def group_nodes(ranks: int, span: int, gpus_per_node: int) -> int:
     """Nodes a group of `ranks` ranks, spread evenly over `span` consecutive GPUs, touches."""
     return max(1, min(ranks, ceil(span / gpus_per_node)))
