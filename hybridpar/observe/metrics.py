@@ -178,8 +178,8 @@ class StepMonitor:
         return first_step
 
     def close(self) -> None:
-        """Flush and close the TensorBoard file and the progress bar (a run that stopped early
-        never reaches its last step, where on_step closes them)."""
+        """Flush and close the TensorBoard file and the progress bar: after the last step, and
+        (train.py) on every way out of a run, early stops included."""
         if self.writer is not None:
             self.writer.close()
             self.writer = None
@@ -210,12 +210,8 @@ class StepMonitor:
             for key in SCALARS:
                 if values.get(key) is not None:
                     self.writer.add_scalar(key, values[key], m.step)
-            if m.step == self.total:
-                self.writer.close()
-                self.writer = None
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{m.loss:.4f}", refresh=False)
-            if m.step == self.total:
-                self.bar.close()
-                self.bar = None
+        if m.step == self.total:
+            self.close()
