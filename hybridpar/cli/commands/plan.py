@@ -54,10 +54,10 @@ def add_arguments(p):
     for axis in ("tp", "pp", "cp", "dp", "micro-batch", "vpp", "zero"):
         p.add_argument(f"--{axis}", type=int, help=f"pin {axis}")
     p.add_argument("--recompute", choices=list(RECOMPUTE_MODES), help="pin activation recomputation")
+    *older, last = [name for name in SOFTWARE if name not in ("hybridpar", "megatron-core")]
     p.add_argument("--software", choices=list(SOFTWARE), default="hybridpar",
                    help="the training software the plan is for (default hybridpar: its own runtime; "
-                   "megatron-core; nemo-distributed-fused-adam, megatron-lm-2021, megatron-lm-2022, megatron-lm-2021-torch-ddp, deepspeed-pipe-bf16 and deepspeed-pipe-zero1 to "
-                   "evaluate older published layouts)")
+                   f"megatron-core; {', '.join(older)} and {last} to evaluate older published layouts)")
     p.add_argument("--network-gbit", type=float,
                    help="scale-out network per GPU and direction, Gbit/s (default: the GPU's catalogue "
                    "node, 400 for H100/H200/H800, 200 for A100)")
