@@ -44,11 +44,17 @@ from .stages import Stage, layer_params_per_rank, params_per_rank, stages
 
 # What frameworks hold beyond weights, gradients, optimizer state and activations (issue 15 §2):
 # CUDA context (driver state and the kernels loaded lazily, CUDA_MODULE_LOADING=LAZY, PyTorch's
-# default since CUDA 11.7) [R: 0.5 GiB per process as nvidia-smi shows for a bare torch process],
-# plus cuBLAS/cuBLASLt workspaces: PyTorch keeps 32 MiB per handle and stream on Hopper
+# default since CUDA 11.7): 426 MiB in nvidia-smi after a bare torch 2.10 process touched the GPU
+# (unsloth-zoo PR #1053's measurement, cu130) [M], "around 400MB if CUDA >= 11.7 is used and lazy module
+# loading enabled" (pytorch/pytorch#109888) [S]. Stacks that loaded every kernel at start (before CUDA
+# 11.7, Software.eager_module_loading): 1573 MiB on an A100 40GB of Jean Zay, where BLOOM ran
+# (bigscience tr11-176B-ml/chronicles-prequel.md: `torch.ones(1).cuda()` and nvidia-smi) [M].
+# Plus cuBLAS/cuBLASLt workspaces: PyTorch keeps 32 MiB per handle and stream on Hopper
 # (CUBLAS_WORKSPACE_CONFIG default, torch docs "cuBLAS workspaces"), Transformer Engine and
-# megatron-core another 32 MiB cuBLASLt workspace per stream [S]; two streams assumed.
-CUDA_CONTEXT_BYTES = 0.5 * GIB + 4 * 32 * 2**20
+# megatron-core another 32 MiB cuBLASLt workspace per stream [S]; two streams assumed, for every stack.
+CUBLAS_WORKSPACE_BYTES = 4 * 32 * 2**20
+CUDA_CONTEXT_BYTES = 426 * 2**20 + CUBLAS_WORKSPACE_BYTES
+EAGER_CUDA_CONTEXT_BYTES = 1573 * 2**20 + CUBLAS_WORKSPACE_BYTES
 # NCCL buffers per communicator a rank uses for ring/tree collectives: one buffer per channel and
 # protocol set, 10 MiB each (NVIDIA/nccl issue 1685, NCCL_DEBUG_SUBSYS=ALLOC on 8 x H100: 10,485,760-
 # and 2,097,152-byte buffers per channel connection, up to 32 channels over NVLink); "memory usage is
@@ -231,7 +237,9 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMem
     dynamic = act + logits + pipe
     temp = sw.optimizer_temp_bytes_per_param * shard
     return StageMemory(stage.name, weights, grads, optimizer, act, logits, pipe, framework,
-                       max(0.0, temp - dynamic), CUDA_CONTEXT_BYTES, _nccl_bytes(plan, stage),
+                       max(0.0, temp - dynamic),
+                       EAGER_CUDA_CONTEXT_BYTES if sw.eager_module_loading else CUDA_CONTEXT_BYTES,
+                       _nccl_bytes(plan, stage),
                        FRAGMENTATION * max(dynamic, temp))
 
 

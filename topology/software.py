@@ -142,6 +142,9 @@ class Software:
     # (cost.kernel_bound). A property of how a run was launched, not of the stack: cases.py sets it
     # for the runs that did.
     launch_blocking: bool = False
+    # The CUDA of the stack loaded every kernel of its libraries into the context at start (before
+    # CUDA 11.7's lazy module loading): a larger CUDA context (topology/memory.py).
+    eager_module_loading: bool = False
     # Rank order: DP varies faster than PP (Megatron-LM's and DeepSpeed's layouts, see
     # links.dp_ranks_per_node), or DP outermost (hybridpar's mesh; Llama 3's [TP, CP, PP, DP]).
     dp_inside_pp: bool = False
@@ -204,10 +207,12 @@ NEMO_DFA = replace(MEGATRON_CORE, name="nemo-distributed-fused-adam", label="NeM
 # Its linear layers all-reduce the input gradient synchronously (the async all-reduce came with
 # megatron-core), and it splits pipeline messages over TP (scatter/gather, Narayanan et al. §4.1).
 # No ZeRO: its distributed optimizer came in 2022.
+# CUDA 11.x before 11.7 (2022): every kernel loaded into the context at start.
 MEGATRON_2021 = Software(name="megatron-lm-2021", label="Megatron-LM 2021", sequence_parallel=False, zero_stages=(0,), dp_inside_pp=True,
                          recompute_modes=("none", "full"), rotary=False,
                          flash_attention=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
-                         overlap_p2p=False, grad_accum_bytes_per_param=GRAD_ADD_MIXED, tp_bwd_overlap=False, p2p_scatter_gather=True)
+                         overlap_p2p=False, grad_accum_bytes_per_param=GRAD_ADD_MIXED, tp_bwd_overlap=False, p2p_scatter_gather=True,
+                         eager_module_loading=True)
 # Megatron-LM 2022 (Korthikanti et al. 2022, "Reducing Activation Recomputation"): the 2021 layers
 # with sequence parallelism and selective recomputation (the attention core again in backward), still
 # no FlashAttention and dropout 0.1; --async-tensor-model-parallel-allreduce (the column-parallel

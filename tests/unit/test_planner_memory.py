@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 
-from hybridpar.topology.memory import CUDA_CONTEXT_BYTES, LOGIT_BYTES, NCCL_CHANNEL_BYTES, PARTS, TIGHT_MARGIN, layer_activation_bytes, model_state_bytes, plan_memory, stage_memory
+from hybridpar.topology.memory import CUDA_CONTEXT_BYTES, EAGER_CUDA_CONTEXT_BYTES, LOGIT_BYTES, NCCL_CHANNEL_BYTES, PARTS, TIGHT_MARGIN, layer_activation_bytes, model_state_bytes, plan_memory, stage_memory
 from hybridpar.topology.models import PRESETS, ModelSpec
 from hybridpar.topology.plan import Plan
 from hybridpar.topology.software import DEEPSPEED_BF16_PIPE, HYBRIDPAR, MEGATRON_2021, MEGATRON_CORE
@@ -81,6 +81,16 @@ def test_largest_stage_decides_and_the_parts_add_up_to_the_total():
         assert sum(getattr(mem, k) for k in PARTS) == pytest.approx(mem.total)
         assert sum(v for k, v in mem.gib().items() if k != "total") == pytest.approx(mem.gib()["total"], abs=0.06)
         assert mem.cuda_context == CUDA_CONTEXT_BYTES and mem.nccl > 0
+
+
+def test_stacks_before_lazy_module_loading_hold_the_larger_cuda_context():
+    from hybridpar.topology.software import DEEPSPEED_PIPE_ZERO1, MEGATRON_2021, MEGATRON_CORE
+    plan = Plan(PRESETS["llama3-8b"], 2048, 64, tp=2, pp=2, dp=2, zero_stage=1)
+    modern = plan_memory(plan, sw=MEGATRON_CORE)
+    assert modern.cuda_context == CUDA_CONTEXT_BYTES
+    for sw in (MEGATRON_2021, DEEPSPEED_PIPE_ZERO1):
+        old = plan_memory(plan, sw=sw)
+        assert old.cuda_context == EAGER_CUDA_CONTEXT_BYTES
 
 
 def test_each_communicator_adds_its_nccl_buffers_and_the_network_ones_are_smaller():
