@@ -24,7 +24,8 @@ CASES_PATH = DATA / "public_cases.json"
 # Out-of-sample runs, same fields plus "software" (a topology.software profile name) and, where
 # they apply, "network_gbit_per_gpu" (the cluster's scale-out NIC per GPU), "tied_embeddings",
 # "outcome" ("ran", or "oom": the layout ran out of memory, no timing), "optimizer_state_dtype"
-# ("bf16" where the run's optimizer kept its state in bf16), "reported_memory_gb" (the
+# ("bf16" where the run's optimizer kept its state in bf16), "rotary" and "dropout" (where the
+# model differs from its profile: false / true for GPT-3), "reported_memory_gb" (the
 # run's published peak) and "sweep" (layouts of one model on one cluster, ranked against each
 # other); docs/planner.md gives their provenance.
 VALIDATION_PATH = DATA / "validation_runs.json"
@@ -80,7 +81,10 @@ def _profile(case: dict) -> Software:
             # apex DistributedFusedAdam with dtype bf16 (nemotron4-340b-synth.yaml): parameter copy
             # and both moments in bf16
             sw = replace(sw, optimizer_state_bytes_per_param=6)
-        return sw
+        # The model's own architecture where it differs from the profile's Llama-style default:
+        # GPT-3 on NeMo (gpt3_175b_hydra.yaml) has learned absolute positions (NeMo's default
+        # position_embedding_type) and hidden and attention dropout 0.1.
+        return replace(sw, rotary=case.get("rotary", sw.rotary), dropout=case.get("dropout", sw.dropout))
     if case["id"].startswith("llama3"):
         # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2, as megatron-core's
         # profile); FlashAttention-2 on H100 reaches "only 35% utilization" (FlashAttention-3 paper,
