@@ -199,6 +199,16 @@ MEGATRON_CORE = replace(HYBRIDPAR, name="megatron-core", label="megatron-core", 
 # in `dtype`, fp32 unless the recipe says otherwise (cases.py: optimizer_state_dtype).
 NEMO_DFA = replace(MEGATRON_CORE, name="nemo-distributed-fused-adam", label="NeMo 1 with apex DistributedFusedAdam",
                    fp32_grads=False)
+# megatron-core with its gradient buffers and their reduce-scatter in bf16 (Megatron-LM --grad-reduce-in-bf16;
+# NeMo 2's performance recipes: pretrain_performance_optimizations sets recipe.trainer.plugins.grad_reduce_in_fp32
+# = False for Llama 3/3.1 and Nemotron-4, NVIDIA/NeMo nemo/collections/llm/recipes at the commit dgxc-benchmarking
+# v25.04.01 checks out, d2b21556) [V]. Its distributed optimizer keeps fp32 main weights and moments (12 bytes,
+# sharded) and, at the step, casts each shard's bf16 gradient to fp32 (megatron/core/optimizer/
+# distrib_optimizer.py _copy_model_grads_to_main_grads: shard_main_param.grad = shard_model_grad.float()): a 4-byte
+# temporary per parameter of the shard.
+MEGATRON_CORE_BF16_GRADS = replace(MEGATRON_CORE, name="megatron-core-bf16-grads",
+                                   label="megatron-core with bf16 gradient reduction", fp32_grads=False,
+                                   optimizer_temp_bytes_per_param=4)
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
 # DP all-reduce after the pipeline flush (--DDP-impl local: allreduce_gradients() after the
@@ -261,5 +271,5 @@ DEEPSPEED_PIPE_ZERO1 = replace(_DEEPSPEED_PIPE, name="deepspeed-pipe-zero1",
 
 # `hybridpar plan --software NAME`: plan for hybridpar's runtime (default) or evaluate a layout
 # under the stack a published run used.
-PROFILES = {sw.name: sw for sw in (HYBRIDPAR, MEGATRON_CORE, NEMO_DFA, MEGATRON_2021, MEGATRON_2022, MEGATRON_2021_TORCH_DDP,
+PROFILES = {sw.name: sw for sw in (HYBRIDPAR, MEGATRON_CORE, MEGATRON_CORE_BF16_GRADS, NEMO_DFA, MEGATRON_2021, MEGATRON_2022, MEGATRON_2021_TORCH_DDP,
                                    DEEPSPEED_BF16_PIPE, DEEPSPEED_PIPE_ZERO1)}

@@ -19,6 +19,9 @@ from .hardware import GIB, get_gpu
 # The range given with a prediction: the 10th to 90th percentile of reported / predicted over the
 # runs that report a throughput.
 RANGE_PERCENTILES = (10, 90)
+# A GPU with at least this many timed runs gets the range of its own runs (A100 and H100 lean
+# differently); any other GPU gets the range of all runs.
+OWN_RANGE_MIN_RUNS = 10
 TOLERANCE = 0.15  # "within" in the summary: |predicted / reported - 1| <= 15%
 # A plan is "near" a validated run along one axis when within these factors of it.
 NEAR = {"params": 3.0, "hidden_per_tp": 2.0, "seq_len": 2.0}
@@ -107,34 +110,55 @@ class Summary:
     memory_checked: int
     ratio_range: tuple[float, float]  # RANGE_PERCENTILES of reported / predicted
     sweeps: dict  # sweep name -> Spearman rank correlation of predicted vs reported MFU
+    by_gpu: dict  # GPU -> (timed runs, median |error|, median signed error): where the lean sits
+    gpu_ranges: dict  # GPU with OWN_RANGE_MIN_RUNS timed runs -> RANGE_PERCENTILES of its reported / predicted
 
 
+def _ratio_range(errors: list[float]) -> tuple[float, float]:
+    ratios = [1 / (1 + e) for e in errors]
+    return _percentile(ratios, RANGE_PERCENTILES[0]), _percentile(ratios, RANGE_PERCENTILES[1])
+
+
+@lru_cache(maxsize=1)
 def summary(rows: tuple[CaseCheck, ...] | None = None) -> Summary:
     rows = checks() if rows is None else rows
     errors = [r.error for r in rows if r.error is not None]
-    ratios = [1 / (1 + e) for e in errors]
     sweeps = {}
     for name in sorted({r.sweep for r in rows if r.sweep}):
         timed = [r for r in rows if r.sweep == name and r.error is not None]
         sweeps[name] = spearman([r.predicted_mfu for r in timed], [r.reported_mfu for r in timed])
+    by_gpu, gpu_ranges = {}, {}
+    for gpu in sorted({r.gpu for r in rows if r.error is not None}):
+        errs = [r.error for r in rows if r.gpu == gpu and r.error is not None]
+        by_gpu[gpu] = (len(errs), statistics.median(abs(e) for e in errs), statistics.median(errs))
+        if len(errs) >= OWN_RANGE_MIN_RUNS:
+            gpu_ranges[gpu] = _ratio_range(errs)
     return Summary(len(errors), statistics.median(abs(e) for e in errors), statistics.median(errors),
                    sum(abs(e) <= TOLERANCE for e in errors), sum(r.memory_right for r in rows), len(rows),
-                   (_percentile(ratios, RANGE_PERCENTILES[0]), _percentile(ratios, RANGE_PERCENTILES[1])), sweeps)
+                   _ratio_range(errors), sweeps, by_gpu, gpu_ranges)
 
 
-def mfu_range(mfu: float) -> tuple[float, float]:
+def ratio_range(gpu: str | None = None) -> tuple[float, float]:
+    """reported / predicted spread for plans on ``gpu``: its own runs' where it has OWN_RANGE_MIN_RUNS,
+    else all runs'. A GPU file based on a catalogue GPU ("h100-80gb (mine)") is that GPU."""
+    s = summary()
+    return s.gpu_ranges.get((gpu or "").split(" (")[0], s.ratio_range)
+
+
+def mfu_range(mfu: float, gpu: str | None = None) -> tuple[float, float]:
     """[lo, hi] around a predicted MFU from the validation spread; lo <= mfu <= hi."""
-    lo, hi = summary().ratio_range
+    lo, hi = ratio_range(gpu)
     return mfu * min(lo, 1.0), mfu * max(hi, 1.0)
 
 
-def step_time_range(step_s: float) -> tuple[float, float]:
-    lo, hi = summary().ratio_range
+def step_time_range(step_s: float, gpu: str | None = None) -> tuple[float, float]:
+    lo, hi = ratio_range(gpu)
     return step_s / max(hi, 1.0), step_s / min(lo, 1.0)
 
 
 RANGE_NOTE = (f"ranges: the {RANGE_PERCENTILES[0]}th-{RANGE_PERCENTILES[1]}th percentile of reported/predicted "
-              "MFU over the published runs of `hybridpar plan --validate`")
+              f"MFU over the published runs of `hybridpar plan --validate` on that GPU (on every GPU where fewer "
+              f"than {OWN_RANGE_MIN_RUNS} used it)")
 
 
 def outside_validated_region(params: float, gpu: str, hidden_per_tp: int, seq_len: int) -> str | None:

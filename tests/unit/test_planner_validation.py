@@ -74,11 +74,31 @@ def test_layouts_of_one_sweep_rank_as_measured():
     assert validation.summary().sweeps["bloom-tr11-2022-02-25"] >= 0.6
 
 
-@pytest.mark.xfail(strict=True, reason="median |error| 8.0%, bias +6.4%: docs/planner.md lists what is modelled "
-                                       "and what is still missing")
 def test_issue_goal_median_error_within_10_percent_and_bias_within_5():
+    """Over all timed runs; the A100 rows alone lean high (test below and docs/planner.md)."""
     s = validation.summary()
     assert s.median_abs_error <= 0.10 and abs(s.signed_bias) <= 0.05
+
+
+@pytest.mark.xfail(strict=True, reason="the A100 rows (Narayanan et al., BLOOM and its sweep) lean +11%: no A100 "
+                                       "sustained clock with all 8 GPUs busy is stored, and the sweep's TP=8 rows are "
+                                       "predicted fast inside a node (docs/planner.md, what is missing)")
+def test_each_gpu_alone_meets_the_bias_goal():
+    assert all(abs(bias) <= 0.05 for _, _, bias in validation.summary().by_gpu.values())
+
+
+def test_per_gpu_statistics_and_ranges_are_their_rows():
+    rows = [r for r in validation.checks() if r.error is not None]
+    s = validation.summary()
+    assert sum(n for n, _, _ in s.by_gpu.values()) == s.timed
+    for gpu, (n, _, bias) in s.by_gpu.items():
+        errors = sorted(r.error for r in rows if r.gpu == gpu)
+        assert n == len(errors) and min(errors) <= bias <= max(errors)
+        if n >= validation.OWN_RANGE_MIN_RUNS:
+            assert validation.ratio_range(gpu) == s.gpu_ranges[gpu] != s.ratio_range
+            assert validation.ratio_range(f"{gpu} (mine)") == s.gpu_ranges[gpu]
+    # a GPU without enough runs of its own gets the spread of all of them
+    assert validation.ratio_range("b200-180gb") == s.ratio_range == validation.ratio_range()
 
 
 def test_summary_is_the_rows_statistics():
@@ -100,10 +120,11 @@ def test_spearman():
 
 @pytest.mark.parametrize("mfu, step", [(0.47, 5.0), (0.9, 1.0), (0.05, 100.0)])
 def test_ranges_hold_the_prediction(mfu, step):
-    lo, hi = validation.mfu_range(mfu)
-    assert lo <= mfu <= hi and lo < hi
-    slo, shi = validation.step_time_range(step)
-    assert slo <= step <= shi and slo < shi
+    for gpu in (None, "a100-80gb", "h100-80gb", "b200-180gb"):
+        lo, hi = validation.mfu_range(mfu, gpu)
+        assert lo <= mfu <= hi and lo < hi
+        slo, shi = validation.step_time_range(step, gpu)
+        assert slo <= step <= shi and slo < shi
 
 
 def test_outside_the_validated_region_says_which_axis():

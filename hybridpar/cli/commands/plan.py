@@ -192,8 +192,9 @@ def plan_json(req: Request, e) -> dict:
     """A plan's JSON: topology.search.Evaluated.to_json plus its ranges and, outside the validated
     region, the note saying so."""
     c = e.cost
-    return {**e.to_json(), "mfu_range": [round(x, 4) for x in validation.mfu_range(c.mfu)],
-            "step_time_s_range": [round(x, 4) for x in validation.step_time_range(c.step_time_s)],
+    gpu = req.hardware().name
+    return {**e.to_json(), "mfu_range": [round(x, 4) for x in validation.mfu_range(c.mfu, gpu)],
+            "step_time_s_range": [round(x, 4) for x in validation.step_time_range(c.step_time_s, gpu)],
             "validated_region": region_note(req, e)}
 
 
@@ -214,11 +215,15 @@ def render_validation() -> str:
     lo, hi = s.ratio_range
     lines += ["", f"{s.timed} runs with a reported throughput: median |error| {s.median_abs_error:.1%}, signed bias "
               f"(median error) {s.signed_bias:+.1%}, {s.within} within {validation.TOLERANCE:.0%}",
+              "by GPU: " + "; ".join(f"{gpu} {n} runs, median |error| {mae:.1%}, bias {bias:+.1%}"
+                                     for gpu, (n, mae, bias) in s.by_gpu.items()),
               f"memory verdicts right: {s.memory_right} of {s.memory_checked} (runs that ran predicted to fit, "
               "runs that ran out of memory predicted not to)"]
     lines += [f"ranking inside sweep {name}: Spearman {rho:.3f} (predicted vs reported MFU; 1 = the measured order)" for name, rho in s.sweeps.items()]
-    lines.append(f"range given with every prediction: reported/predicted {lo:.2f}-{hi:.2f} "
-                 f"({validation.RANGE_PERCENTILES[0]}th-{validation.RANGE_PERCENTILES[1]}th percentile)")
+    own = "; ".join(f"{gpu} {glo:.2f}-{ghi:.2f}" for gpu, (glo, ghi) in s.gpu_ranges.items())
+    lines.append(f"range given with every prediction, reported/predicted "
+                 f"({validation.RANGE_PERCENTILES[0]}th-{validation.RANGE_PERCENTILES[1]}th percentile): {own}; "
+                 f"other GPUs {lo:.2f}-{hi:.2f} (all runs)")
     return "\n".join(lines)
 
 
@@ -231,7 +236,10 @@ def validation_json() -> dict:
             "median_abs_error": round(s.median_abs_error, 4), "signed_bias": round(s.signed_bias, 4),
             "within_15_percent": s.within, "timed": s.timed, "memory_right": s.memory_right,
             "memory_checked": s.memory_checked, "reported_over_predicted_range": [round(x, 4) for x in s.ratio_range],
-            "sweep_spearman": {k: round(v, 3) for k, v in s.sweeps.items()}}
+            "reported_over_predicted_range_by_gpu": {g: [round(x, 4) for x in r] for g, r in s.gpu_ranges.items()},
+            "sweep_spearman": {k: round(v, 3) for k, v in s.sweeps.items()},
+            "by_gpu": {gpu: {"timed": n, "median_abs_error": round(mae, 4), "signed_bias": round(bias, 4)}
+                       for gpu, (n, mae, bias) in s.by_gpu.items()}}
 
 
 def redundancy_line(r) -> str:
@@ -255,8 +263,8 @@ def render(req: Request, result) -> str:
     lines += ["", head, "-" * len(head)]
     for i, e in enumerate(result.plans, 1):
         p, c = e.plan, e.cost
-        slo, shi = validation.step_time_range(c.step_time_s)
-        mlo, mhi = validation.mfu_range(c.mfu)
+        slo, shi = validation.step_time_range(c.step_time_s, gpu.name)
+        mlo, mhi = validation.mfu_range(c.mfu, gpu.name)
         step = f"{c.step_time_s:.3g} ({slo:.3g}-{shi:.3g})"
         mfu = f"{c.mfu:.0%} ({mlo * 100:.0f}-{mhi:.0%})"
         fits = "yes" if e.fits else "NO"
