@@ -67,9 +67,12 @@ NCCL_CHANNEL_BYTES = 12 * 2**20
 NCCL_CHANNELS_NVLINK = 32
 NCCL_CHANNELS_NETWORK = 4
 # The PyTorch caching allocator keeps freed blocks for reuse: reserved exceeds allocated by the
-# blocks that no request of the right size reuses. Assumed 10% of the memory that is allocated and
-# freed every micro-batch (activations, logits, pipeline buffers, temporaries), none of the
-# model states, which are allocated once [assumption, stated].
+# blocks that no request of the right size reuses. Where the stack's own reserve was measured
+# (Software.allocator_reserve: reserved over peak allocated, minus 1), that share of everything the
+# allocator holds; otherwise assumed 10% of the memory that is allocated and freed every
+# micro-batch (activations, logits, pipeline buffers, temporaries), none of the model states,
+# which are allocated once [assumption, stated]. NCCL's buffers and the CUDA context are outside
+# the allocator.
 FRAGMENTATION = 0.10
 # A plan within this share of the GPU's memory is marked "tight": the allocator and framework terms
 # above are estimates, and a few percent is what they may be off by [assumption, stated].
@@ -236,11 +239,15 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMem
     shard = n / (plan.zero_group if plan.zero_stage >= 1 else 1)
     dynamic = act + logits + pipe
     temp = sw.optimizer_temp_bytes_per_param * shard
-    return StageMemory(stage.name, weights, grads, optimizer, act, logits, pipe, framework,
-                       max(0.0, temp - dynamic),
+    step_extra = max(0.0, temp - dynamic)
+    if sw.allocator_reserve is not None:
+        allocated = weights + grads + optimizer + dynamic + framework + step_extra
+        fragmentation = sw.allocator_reserve * allocated
+    else:
+        fragmentation = FRAGMENTATION * max(dynamic, temp)
+    return StageMemory(stage.name, weights, grads, optimizer, act, logits, pipe, framework, step_extra,
                        EAGER_CUDA_CONTEXT_BYTES if sw.eager_module_loading else CUDA_CONTEXT_BYTES,
-                       _nccl_bytes(plan, stage),
-                       FRAGMENTATION * max(dynamic, temp))
+                       _nccl_bytes(plan, stage), fragmentation)
 
 
 def plan_memory(plan: Plan, sw: Software = HYBRIDPAR) -> StageMemory:

@@ -142,6 +142,9 @@ class Software:
     # (cost.kernel_bound). A property of how a run was launched, not of the stack: cases.py sets it
     # for the runs that did.
     launch_blocking: bool = False
+    # What PyTorch's caching allocator reserves beyond the peak it allocates, as a share of that peak,
+    # where it was measured for the stack (topology/memory.py); None: memory.FRAGMENTATION's assumption.
+    allocator_reserve: float | None = None
     # The CUDA of the stack loaded every kernel of its libraries into the context at start (before
     # CUDA 11.7's lazy module loading): a larger CUDA context (topology/memory.py).
     eager_module_loading: bool = False
@@ -209,6 +212,14 @@ NEMO_DFA = replace(MEGATRON_CORE, name="nemo-distributed-fused-adam", label="NeM
 MEGATRON_CORE_BF16_GRADS = replace(MEGATRON_CORE, name="megatron-core-bf16-grads",
                                    label="megatron-core with bf16 gradient reduction", fp32_grads=False,
                                    optimizer_temp_bytes_per_param=4)
+# The caching allocator's reserve on the 2021 stacks, measured: BigScience's 3D-parallel runs on Jean Zay
+# (bigscience-workshop/bigscience experiments/gpt2-meg-ds-3d, 52B GPT, TP4 PP16, micro-batch 4, Megatron's
+# "memory (MB) | ... max allocated | ... max reserved" after the first iteration, 63 ranks each) [M]:
+# max reserved over max allocated, median 1.153 (1.061-1.199) with DeepSpeed's PipelineEngine
+# (meg_ds_3d_gpt2_perf_n16-ds-on.out, DeepSpeed 0.4) and 1.272 (1.081-1.397) with Megatron's own schedule
+# (-ds-off.out). V100s and PyTorch of 2021: the closest stored measurement for these stacks.
+DEEPSPEED_PIPE_RESERVE = 0.153
+MEGATRON_2021_RESERVE = 0.272
 # Megatron-LM 2021-2022 (Narayanan et al.'s run scripts, BLOOM's Megatron-DeepSpeed): fused
 # scale-mask-softmax on materialised scores (FlashAttention appeared in May 2022), dropout 0.1,
 # DP all-reduce after the pipeline flush (--DDP-impl local: allreduce_gradients() after the
@@ -222,7 +233,7 @@ MEGATRON_2021 = Software(name="megatron-lm-2021", label="Megatron-LM 2021", sequ
                          recompute_modes=("none", "full"), rotary=False,
                          flash_attention=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
                          overlap_p2p=False, grad_accum_bytes_per_param=GRAD_ADD_MIXED, tp_bwd_overlap=False, p2p_scatter_gather=True,
-                         eager_module_loading=True)
+                         eager_module_loading=True, allocator_reserve=MEGATRON_2021_RESERVE)
 # Megatron-LM 2022 (Korthikanti et al. 2022, "Reducing Activation Recomputation"): the 2021 layers
 # with sequence parallelism and selective recomputation (the attention core again in backward), still
 # no FlashAttention and dropout 0.1; --async-tensor-model-parallel-allreduce (the column-parallel
@@ -250,7 +261,8 @@ MEGATRON_2021_TORCH_DDP = replace(MEGATRON_2021, name="megatron-lm-2021-torch-dd
 # pipe_buffers['outputs'] until its backward (runtime/pipe/engine.py _exec_forward_pass;
 # TrainSchedule.num_pipe_buffers = stages - stage_id); DeepSpeed's FusedAdam steps in place; the
 # bf16 .grad copies stay beside the fp32 buffer (keeps_16bit_grads).
-_DEEPSPEED_PIPE = replace(MEGATRON_2021, zero_stages=(0, 1), blocking_p2p=True, pipeline_output_buffers=True)
+_DEEPSPEED_PIPE = replace(MEGATRON_2021, zero_stages=(0, 1), blocking_p2p=True, pipeline_output_buffers=True,
+                          allocator_reserve=DEEPSPEED_PIPE_RESERVE)
 DEEPSPEED_BF16_PIPE = replace(_DEEPSPEED_PIPE, name="deepspeed-pipe-bf16",
                               label="DeepSpeed's pipeline engine with BF16_Optimizer", fp32_grads=True,
                               full_grad_allreduce=True, grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY,

@@ -93,6 +93,21 @@ def test_stacks_before_lazy_module_loading_hold_the_larger_cuda_context():
         assert old.cuda_context == EAGER_CUDA_CONTEXT_BYTES
 
 
+def test_a_measured_allocator_reserve_scales_everything_the_allocator_holds():
+    from hybridpar.topology.memory import FRAGMENTATION
+    from hybridpar.topology.software import DEEPSPEED_PIPE_ZERO1, MEGATRON_2021, MEGATRON_CORE
+    plan = Plan(PRESETS["llama3-8b"], 2048, 64, tp=2, pp=2, dp=2, zero_stage=1)
+    for sw in (DEEPSPEED_PIPE_ZERO1, MEGATRON_2021):
+        mem = plan_memory(plan, sw=sw)
+        allocated = mem.total - mem.cuda_context - mem.nccl - mem.fragmentation
+        assert mem.fragmentation == pytest.approx(sw.allocator_reserve * allocated)
+    assert MEGATRON_2021.allocator_reserve > DEEPSPEED_PIPE_ZERO1.allocator_reserve > 0
+    # without a measurement: the assumed share of what is allocated and freed every micro-batch
+    mem = plan_memory(plan, sw=MEGATRON_CORE)
+    assert MEGATRON_CORE.allocator_reserve is None
+    assert mem.fragmentation == pytest.approx(FRAGMENTATION * (mem.activations + mem.logits + mem.pipeline_buffers))
+
+
 def test_each_communicator_adds_its_nccl_buffers_and_the_network_ones_are_smaller():
     m = PRESETS["llama3-70b"]
     alone = plan_memory(Plan(m, 8192, 64, tp=8, pp=1, dp=1, sequence_parallel=True)).nccl

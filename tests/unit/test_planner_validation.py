@@ -25,11 +25,7 @@ KNOWN_MISSES = {f"bloom-sweep-{k}": _SWEEP for k in (
     "tp8-pp6-dp8-mb6", "tp8-pp12-dp4-mb2", "tp8-pp4-dp12-mb2", "tp8-pp2-dp24-mb1",
     "tp8-pp2-dp24-mb2", "tp4-pp6-dp16-mb4", "tp4-pp6-dp16-mb2")}
 # Memory verdicts that do not match what happened, with what the memory model lacks for them.
-KNOWN_WRONG_MEMORY = {
-    "bloom-sweep-tp2-pp6-dp32-mb1": "76.2 GiB predicted on 80, ran out of memory: every layout of the sweep that "
-                                    "trained peaked 6-15 GB above the planner's count of what its stack holds "
-                                    "(published nvidia-smi readings; docs/planner.md, what is missing)",
-}
+KNOWN_WRONG_MEMORY: dict = {}
 
 
 def _mark(run_id, misses):
