@@ -211,3 +211,15 @@ def test_deepspeed_pipeline_gradients_as_each_optimizer_holds_them():
     assert bf16.grads == pytest.approx(6 * n) and zero1.grads == pytest.approx(2 * n)
     assert bf16.optimizer == zero1.optimizer == pytest.approx(12 * n / 24)
     assert zero1.optimizer_step_temp == max(0.0, 6 * n / 24 - (zero1.activations + zero1.logits + zero1.pipeline_buffers))
+
+
+def test_model_states_match_the_allocated_bytes_nemo_2_logs():
+    """dgxc-benchmarking v25.04.01 llama3.1/README.md quotes a NeMo 2 log line of its Llama 3.1 8B run on
+    8 H100s (TP1 CP2 DP4; bf16 gradients, as the performance recipe sets for BF16 and FP8 alike; weights
+    in bf16 either way): "memory_allocated: 44271689728" after a step, when only the weights, gradient
+    buffer and sharded optimizer state are left. The planner's states under megatron-core-bf16-grads:
+    2 + 2 bytes per parameter plus 12 over DP x CP = 8."""
+    from hybridpar.topology.software import PROFILES
+    plan = Plan(PRESETS["llama3-8b"], 8192, 128, tp=1, pp=1, cp=2, dp=4, zero_stage=1)
+    states = plan_memory(plan, sw=PROFILES["megatron-core-bf16-grads"]).states
+    assert states == pytest.approx(44_271_689_728, rel=0.005)
