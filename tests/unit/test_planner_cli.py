@@ -322,6 +322,10 @@ def test_validate_prints_every_published_run_and_the_summary(capsys):
     assert "OOM predicted" in out and "Spearman" in out
     data = json.loads(run(["--validate", "--json"], capsys)[1])
     assert len(data["runs"]) == len(checks()) and data["signed_bias"] == round(s.signed_bias, 4)
+    for gpu, (n, _, bias) in s.by_gpu.items():
+        assert f"{gpu} {n} runs" in out and data["by_gpu"][gpu] == {
+            "timed": n, "median_abs_error": round(s.by_gpu[gpu][1], 4), "signed_bias": round(bias, 4)}
+    assert set(data["reported_over_predicted_range_by_gpu"]) == set(s.gpu_ranges) and s.gpu_ranges
 
 
 def test_the_docs_carry_the_current_validation_table(capsys):
