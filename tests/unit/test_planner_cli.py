@@ -310,6 +310,18 @@ def test_every_plan_carries_ranges_and_its_validated_region(capsys):
     assert len(notes) == 1 and "b200-180gb" in notes[0]
 
 
+def test_a_plans_range_is_its_gpus_own_spread(capsys):
+    """A100 and H100 runs lean differently; a plan takes the spread of its own GPU's runs, a GPU
+    with too few (B200) the spread of all."""
+    from hybridpar.topology import validation
+    argv = ["--model", "llama3-70b", "--gpus", "512", "--top", "1", "--json"]
+    for gpu in ("a100-80gb", "h100-80gb", "b200-180gb"):
+        (p,) = json.loads(run([*argv, "--gpu", gpu], capsys)[1])["plans"]
+        lo, hi = validation.ratio_range(gpu)
+        assert p["mfu_range"] == pytest.approx([p["mfu"] * min(lo, 1.0), p["mfu"] * max(hi, 1.0)], abs=2e-4)
+    assert validation.ratio_range("a100-80gb") != validation.ratio_range("h100-80gb")
+
+
 def test_validate_prints_every_published_run_and_the_summary(capsys):
     from hybridpar.topology.validation import checks, summary
 
