@@ -129,6 +129,16 @@ DEVICE_NAMES = (("B200", "b200-180gb"), ("H200", "h200-141gb"), ("H800", "h800-8
                 ("A100-SXM4-40GB", "a100-40gb"), ("A100-PCIE-40GB", "a100-40gb"), ("A100", "a100-80gb"))
 
 
+def file_gpu_name(base: str, source: str) -> str:
+    """The name of a GPU file built on a catalogue GPU: "h100-80gb (mine)" for base h100-80gb in mine.yaml."""
+    return f"{base} ({Path(source).stem})"
+
+
+def catalogue_base(name: str) -> str:
+    """The catalogue GPU a GPU's name stands for: a GPU file built on one (file_gpu_name) is that GPU."""
+    return name.split(" (")[0]
+
+
 def catalogue_for_device(device_name: str, memory_gib: float | None = None) -> str | None:
     """The catalogue GPU of a CUDA device name ("NVIDIA H100 80GB HBM3" -> h100-80gb), or None; an
     A100 whose name gives no size is told apart by its memory when that is given."""
@@ -165,7 +175,7 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
         if not isinstance(data["base"], str):
             raise HardwareError(f"{source}: base must name a catalogue GPU ({', '.join(CATALOGUE)}), got {data['base']!r}")
         base = get_gpu(data["base"])
-        values = {**asdict(base), "name": f"{base.name} ({Path(source).stem})", **values}
+        values = {**asdict(base), "name": file_gpu_name(base.name, source), **values}
     values.setdefault("name", Path(source).stem)
     values.setdefault("fp8_tflops", None)
     values.setdefault("host_link_gbps", DEFAULT_HOST_LINK_GBPS)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .cases import CASES_PATH, VALIDATION_PATH, load_cases, predict_case
-from .hardware import GIB, get_gpu
+from .hardware import GIB, catalogue_base, get_gpu
 
 # The range given with a prediction: the 10th to 90th percentile of reported / predicted over the
 # runs that report a throughput.
@@ -140,9 +140,9 @@ def summary(rows: tuple[CaseCheck, ...] | None = None) -> Summary:
 
 def ratio_range(gpu: str | None = None) -> tuple[float, float]:
     """reported / predicted spread for plans on ``gpu``: its own runs' where it has OWN_RANGE_MIN_RUNS,
-    else all runs'. A GPU file based on a catalogue GPU ("h100-80gb (mine)") is that GPU."""
+    else all runs'. A GPU file based on a catalogue GPU is that GPU."""
     s = summary()
-    return s.gpu_ranges.get((gpu or "").split(" (")[0], s.ratio_range)
+    return s.gpu_ranges.get(catalogue_base(gpu or ""), s.ratio_range)
 
 
 def mfu_range(mfu: float, gpu: str | None = None) -> tuple[float, float]:
@@ -166,7 +166,7 @@ def outside_validated_region(params: float, gpu: str, hidden_per_tp: int, seq_le
     timed = [r for r in checks() if r.error is not None]
     near = lambda a, b, f: b / f <= a <= b * f
     missing = []
-    gpu = gpu.split(" (")[0]  # a GPU file based on a catalogue GPU ("h100-80gb (mine)") is that GPU
+    gpu = catalogue_base(gpu)
     if gpu not in {r.gpu for r in timed}:
         missing.append(f"GPU {gpu} (validated: {', '.join(sorted({r.gpu for r in timed}))})")
     if not any(near(params, r.params, NEAR["params"]) for r in timed):
