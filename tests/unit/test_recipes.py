@@ -95,3 +95,21 @@ def test_llama_recipe_is_the_planners_choice(path, tmp_path, capsys):
     # and `plan --recipe` accepts the recipe as written (its sizes become pins)
     again = plan_json(capsys, ["--recipe", str(path), "--gpus", str(gpus)])
     assert again["step_time_s"] == pytest.approx(best["step_time_s"])
+
+
+@pytest.mark.parametrize("path", LLAMA, ids=[p.stem for p in LLAMA])
+def test_readme_quotes_each_gpu_recipes_prediction(path, capsys):
+    """README's recipe table quotes each Llama recipe's predicted step time and MFU with their ranges
+    and its memory, as `hybridpar plan --recipe recipes/X.yaml --gpus N` prints them today."""
+    import re
+
+    gpus, _ = stated_command(path)
+    p = plan_json(capsys, ["--recipe", str(path), "--gpus", str(gpus)])
+    fig = lambda x: f"{x:.1f}" if x >= 10 else f"{x:.2f}"  # the README's digits: 54.7, 6.68
+    (lo, hi), (mlo, mhi) = p["step_time_s_range"], p["mfu_range"]
+    quoted = (f"predicted {fig(p['step_time_s'])} s/step ({fig(lo)}-{fig(hi)} s), "
+              f"{p['mfu']:.0%} MFU ({mlo * 100:.0f}-{mhi:.0%}), {p['memory_gib']['total']:.1f}")
+    row = next(line for line in (REPO / "README.md").read_text().splitlines()
+               if line.startswith(f"| `recipes/{path.name}` |"))
+    assert quoted in row, (quoted, row)
+    assert re.search(rf"\| {gpus:,} H100", row)
