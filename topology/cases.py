@@ -25,7 +25,10 @@ CASES_PATH = DATA / "public_cases.json"
 # they apply, "network_gbit_per_gpu" (the cluster's scale-out NIC per GPU), "tied_embeddings",
 # "outcome" ("ran", or "oom": the layout ran out of memory, no timing), "optimizer_state_dtype"
 # ("bf16" where the run's optimizer kept its state in bf16), "rotary" and "dropout" (where the
-# model differs from its profile: false / true for GPT-3), "reported_memory_gb" (the
+# model differs from its profile: false / true for GPT-3), "attention_kernel" (where the run's
+# attention was not FlashAttention-2-class: "triton" for MosaicML's MPT runs), "attention_fraction"
+# (FlashAttention-2's rate on the run's GPU where the catalogue's is another kernel's: 0.35 on H100,
+# FlashAttention-3 paper), "reported_memory_gb" (the
 # run's published peak) and "sweep" (layouts of one model on one cluster, ranked against each
 # other); docs/planner.md gives their provenance.
 VALIDATION_PATH = DATA / "validation_runs.json"
@@ -84,7 +87,9 @@ def _profile(case: dict) -> Software:
         # The model's own architecture where it differs from the profile's Llama-style default:
         # GPT-3 on NeMo (gpt3_175b_hydra.yaml) has learned absolute positions (NeMo's default
         # position_embedding_type) and hidden and attention dropout 0.1.
-        return replace(sw, rotary=case.get("rotary", sw.rotary), dropout=case.get("dropout", sw.dropout))
+        return replace(sw, rotary=case.get("rotary", sw.rotary), dropout=case.get("dropout", sw.dropout),
+                       attention_kernel=case.get("attention_kernel", sw.attention_kernel),
+                       attention_fraction=case.get("attention_fraction", sw.attention_fraction))
     if case["id"].startswith("llama3"):
         # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2, as megatron-core's
         # profile); FlashAttention-2 on H100 reaches "only 35% utilization" (FlashAttention-3 paper,

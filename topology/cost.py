@@ -62,6 +62,11 @@ ATTN_HEAD64 = 0.85
 GRAD_BUCKET_NUMEL = 40_000_000
 # FlashAttention's backward FLOPs over its forward's: it recomputes the scores (Dao 2022, §3.1).
 FLASH_BACKWARD_RATIO = 2.5
+# Other attention kernels' forward and backward time over FlashAttention-2's for the same work:
+# FlashAttention-2 "is around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and
+# around 2x faster in the backward pass" (Dao 2023, "FlashAttention-2", §4.1, measured on A100;
+# the middle of the forward's range taken, and assumed to hold on H100).
+ATTENTION_KERNEL_SLOWDOWN = {"flash2": (1.0, 1.0), "triton": (1.4, 2.0)}
 # Per kernel: the boundary between two kernels on a stream (the last blocks drain, the next
 # kernel's first blocks start), measured as the time of a minimal kernel inside a replayed CUDA
 # graph, 1.28 us, and the host's cost of issuing one operation from Python in eager PyTorch, 4.2 us
@@ -222,6 +227,8 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
                     * attention_shape_factor(seq // cp, d))
         af = causal_attention_flops(mb, s_loc, seq, heads, d) / (peak16 * fraction)
         ab = FLASH_BACKWARD_RATIO * af
+        slow_f, slow_b = ATTENTION_KERNEL_SLOWDOWN[sw.attention_kernel]
+        af, ab = af * slow_f, ab * slow_b
     else:
         qk_f, qk_b = gemm_fwd_bwd(s_loc, d, seq, gpu, peak16, mb * heads)
         av_f, av_b = gemm_fwd_bwd(s_loc, seq, d, gpu, peak16, mb * heads)

@@ -71,6 +71,10 @@ class Software:
     # Attention kernel efficiency (fraction of dense peak, fwd+bwd); None: the GPU's default
     # (hardware.GPU.attention_fraction, a current FlashAttention-class kernel).
     attention_fraction: float | None = None
+    # The attention kernel: "flash2" (FlashAttention-2 or a kernel as fast, which attention_fraction
+    # describes) or "triton" (FlashAttention in Triton, flash-attn's flash_attn_triton.py, which
+    # MosaicML's llm-foundry ran as attn_impl: triton); cost.ATTENTION_KERNEL_SLOWDOWN says how much slower.
+    attention_kernel: str = "flash2"
     # Backward TP collectives of column-parallel linears are issued async and overlap a GEMM:
     # without SP the input-gradient all-reduce overlaps the weight-gradient GEMM; with SP the
     # re-all-gather of the input overlaps the input-gradient GEMM and the input-gradient

@@ -365,3 +365,25 @@ def test_headroom_leaves_that_share_of_memory_free(capsys):
     assert max(p["memory_gib"]["total"] for p in free["plans"]) > 0.9 * capacity  # the case exists without it
     assert all(p["memory_gib"]["total"] <= 0.9 * capacity for p in kept["plans"]), kept["plans"]
     assert kept["plans"] and kept["plans"][0]["step_time_s"] >= free["plans"][0]["step_time_s"]
+
+
+def test_attention_kernel_flag_costs_the_plan_with_that_kernel(capsys):
+    """--attention-kernel triton plans for FlashAttention in Triton: the same pinned layout costs what
+    step_cost gives under the software with that kernel, longer than with FlashAttention-2."""
+    from dataclasses import replace
+
+    from hybridpar.topology.cost import step_cost
+    from hybridpar.topology.models import PRESETS
+    from hybridpar.topology.plan import Plan
+    from hybridpar.topology.software import MEGATRON_CORE
+
+    argv = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "a100-80gb", "--seq-len", "4096", "--global-batch", "64",
+            "--tp", "1", "--pp", "1", "--cp", "1", "--dp", "8", "--micro-batch", "2", "--vpp", "1", "--zero", "3",
+            "--recompute", "full", "--software", "megatron-core", "--json"]
+    flash2 = json.loads(run(argv, capsys)[1])["plans"][0]
+    triton = json.loads(run([*argv, "--attention-kernel", "triton"], capsys)[1])["plans"][0]
+    assert triton["step_time_s"] > flash2["step_time_s"] * 1.03
+    want = step_cost(Plan(PRESETS["llama3-8b"], 4096, 64, tp=1, cp=1, pp=1, dp=8, vpp=1, micro_batch=2, zero_stage=3,
+                          recompute="full", sequence_parallel=False, gpu="a100-80gb"),
+                     replace(MEGATRON_CORE, attention_kernel="triton"))
+    assert triton["step_time_s"] == pytest.approx(want.step_time_s, rel=1e-4)

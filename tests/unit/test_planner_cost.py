@@ -378,3 +378,24 @@ def test_blocking_launches_add_every_kernels_issue_to_its_work():
     runs = load_cases(VALIDATION_PATH)
     assert {r["id"].startswith("bloom") for r in runs if case_software(r)[0].launch_blocking} == {True}
     assert any(case_software(r)[0].launch_blocking for r in runs)
+
+
+def test_triton_attention_costs_flashattention2s_work_at_its_measured_slowdown():
+    """FlashAttention in Triton (MosaicML's attn_impl: triton) does FlashAttention-2's work 1.4x slower
+    forward and 2x slower backward (Dao 2023, §4.1): a layer's forward grows by 0.4 of the attention
+    core and its backward by 1.0 of the core's backward, and nothing else moves."""
+    from dataclasses import replace
+
+    from hybridpar.topology.cost import (ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, attention_shape_factor,
+                                         causal_attention_flops, layer_time)
+    from hybridpar.topology.software import MEGATRON_CORE
+
+    assert ATTENTION_KERNEL_SLOWDOWN == {"flash2": (1.0, 1.0), "triton": (1.4, 2.0)}
+    m, gpu, seq = PRESETS["llama3-8b"], get_gpu("a100-80gb"), 4096
+    flash2, triton = (replace(MEGATRON_CORE, attention_kernel=k) for k in ("flash2", "triton"))
+    a, b = (layer_time(m, gpu, "bf16", seq, 2, 1, 1, True, "none", sw, 8) for sw in (flash2, triton))
+    core = causal_attention_flops(2, seq, seq, m.heads, m.head_dim) / (
+        gpu.bf16_tflops * 1e12 * gpu.attention_fraction * gpu.sustained_clock * attention_shape_factor(seq, m.head_dim))
+    assert b.fwd - a.fwd == pytest.approx(0.4 * core, rel=1e-9)
+    assert b.bwd - a.bwd == pytest.approx(1.0 * FLASH_BACKWARD_RATIO * core, rel=1e-9)
+    assert (b.tp, b.cp) == (a.tp, a.cp)

@@ -8,6 +8,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+from hybridpar.topology.cost import ATTENTION_KERNEL_SLOWDOWN
 from hybridpar.topology.hardware import CATALOGUE, GIB, HardwareError, load_gpu
 from hybridpar.topology.memory import PARTS, TIGHT_MARGIN
 from hybridpar.topology.models import load_model
@@ -64,6 +65,10 @@ def add_arguments(p):
     p.add_argument("--cuda-launch-blocking", action="store_true",
                    help="cost the plan for a run with CUDA_LAUNCH_BLOCKING=1, where the host waits for every kernel "
                    "(BigScience trained BLOOM so, to avoid NCCL hangs)")
+    p.add_argument("--attention-kernel", choices=sorted(ATTENTION_KERNEL_SLOWDOWN), default=None,
+                   help="the attention kernel the run uses (default: the software's, FlashAttention-2-class; "
+                   "triton: FlashAttention in Triton, as MosaicML's llm-foundry ran it, 1.4x slower forward and 2x "
+                   "backward)")
     p.add_argument("--headroom", type=float, default=0.0, metavar="PERCENT",
                    help="share of each GPU's memory a plan must leave free, in percent (default 0; recipes use 10)")
     p.add_argument("--tolerate-replica-loss", action="store_true",
@@ -125,6 +130,8 @@ def build_request(args) -> tuple[Request, int]:
     software = SOFTWARE[getattr(args, "software", "hybridpar")]
     if getattr(args, "cuda_launch_blocking", False):
         software = replace(software, launch_blocking=True)
+    if getattr(args, "attention_kernel", None):
+        software = replace(software, attention_kernel=args.attention_kernel)
     if software.name == "deepspeed-pipe-bf16" and args.precision != "bf16":
         raise UsageError(f"--software deepspeed-pipe-bf16 models DeepSpeed's BF16_Optimizer; use --precision bf16, "
                          f"not {args.precision}")
