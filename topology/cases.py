@@ -29,8 +29,8 @@ CASES_PATH = DATA / "public_cases.json"
 # attention was not FlashAttention-2-class: "triton" for MosaicML's MPT runs), "attention_fraction"
 # (FlashAttention-2's rate on the run's GPU where the catalogue's is another kernel's: 0.35 on H100,
 # FlashAttention-3 paper), "reported_memory_gb" (the
-# run's published peak) and "sweep" (layouts of one model on one cluster, ranked against each
-# other); docs/planner.md gives their provenance.
+# run's published peak), "sweep" (layouts of one model on one cluster, ranked against each
+# other) and "stack" (the software family that ran it, case_stack); docs/planner.md gives their provenance.
 VALIDATION_PATH = DATA / "validation_runs.json"
 
 
@@ -53,6 +53,18 @@ TORCH_DDP_RUNS = {"narayanan21-t1-1.7B", "narayanan21-t1-3.6B", "narayanan21-t1-
 
 def load_cases(path: Path = CASES_PATH) -> list[dict]:
     return json.loads(Path(path).read_text())
+
+
+# The stack family of the public cases, whose file (a copy of the shared one) has no "stack" field.
+PUBLIC_CASE_STACKS = (("llama3", "Llama 3 (Meta)"), ("narayanan21", "Megatron-LM 2021"),
+                      ("bloom", "Megatron-DeepSpeed (BigScience)"))
+
+
+def case_stack(case: dict) -> str:
+    """The software family a published run trained on: the validation statistics are given per stack."""
+    if "stack" in case:
+        return case["stack"]
+    return next(stack for prefix, stack in PUBLIC_CASE_STACKS if case["id"].startswith(prefix))
 
 
 def _modern(case: dict) -> bool:

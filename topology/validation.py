@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .cases import CASES_PATH, VALIDATION_PATH, load_cases, predict_case
+from .cases import CASES_PATH, VALIDATION_PATH, case_stack, load_cases, predict_case
 from .hardware import GIB, catalogue_base, get_gpu
 
 # The range given with a prediction: the 10th to 90th percentile of reported / predicted over the
@@ -44,6 +44,7 @@ class CaseCheck:
     fits: bool
     ran: bool  # False: published as out of memory
     sweep: str | None
+    stack: str  # the software family that ran it (cases.case_stack)
 
     @property
     def error(self) -> float | None:
@@ -67,7 +68,7 @@ def check(case: dict) -> CaseCheck:
     return CaseCheck(case["id"], case["num_gpus"], case["gpu"].lower(), layout, p.model.total_params,
                      p.model.hidden // p.tp, p.seq_len, case.get("model_flops_mfu"), e.cost.mfu,
                      e.memory.total / GIB, get_gpu(case["gpu"].lower()).memory_gib, e.fits,
-                     case.get("outcome", "ran") != "oom", case.get("sweep"))
+                     case.get("outcome", "ran") != "oom", case.get("sweep"), case_stack(case))
 
 
 @lru_cache(maxsize=1)
@@ -113,6 +114,7 @@ class Summary:
     sweeps: dict  # sweep name -> Spearman rank correlation of predicted vs reported MFU
     by_gpu: dict  # GPU -> (timed runs, median |error|, median signed error): where the lean sits
     gpu_ranges: dict  # GPU with OWN_RANGE_MIN_RUNS timed runs -> RANGE_PERCENTILES of its reported / predicted
+    by_stack: dict  # software family -> (timed runs, median |error|, median signed error)
 
 
 def _ratio_range(errors: list[float]) -> tuple[float, float]:
@@ -128,15 +130,23 @@ def summary(rows: tuple[CaseCheck, ...] | None = None) -> Summary:
     for name in sorted({r.sweep for r in rows if r.sweep}):
         timed = [r for r in rows if r.sweep == name and r.error is not None]
         sweeps[name] = spearman([r.predicted_mfu for r in timed], [r.reported_mfu for r in timed])
-    by_gpu, gpu_ranges = {}, {}
-    for gpu in sorted({r.gpu for r in rows if r.error is not None}):
+    by_gpu, gpu_ranges = _grouped(rows, "gpu"), {}
+    for gpu in by_gpu:
         errs = [r.error for r in rows if r.gpu == gpu and r.error is not None]
-        by_gpu[gpu] = (len(errs), statistics.median(abs(e) for e in errs), statistics.median(errs))
         if len(errs) >= OWN_RANGE_MIN_RUNS:
             gpu_ranges[gpu] = _ratio_range(errs)
     return Summary(len(errors), statistics.median(abs(e) for e in errors), statistics.median(errors),
                    sum(abs(e) <= TOLERANCE for e in errors), sum(r.memory_right for r in rows), len(rows),
-                   _ratio_range(errors), sweeps, by_gpu, gpu_ranges)
+                   _ratio_range(errors), sweeps, by_gpu, gpu_ranges, _grouped(rows, "stack"))
+
+
+def _grouped(rows: tuple[CaseCheck, ...], key: str) -> dict:
+    """key value -> (timed runs, median |error|, median signed error) of the timed rows with it."""
+    out = {}
+    for value in sorted({getattr(r, key) for r in rows if r.error is not None}):
+        errs = [r.error for r in rows if getattr(r, key) == value and r.error is not None]
+        out[value] = (len(errs), statistics.median(abs(e) for e in errs), statistics.median(errs))
+    return out
 
 
 def ratio_range(gpu: str | None = None) -> tuple[float, float]:

@@ -134,6 +134,19 @@ def test_per_gpu_statistics_and_ranges_are_their_rows():
     assert validation.ratio_range("b200-180gb") == s.ratio_range == validation.ratio_range()
 
 
+def test_per_stack_statistics_are_their_rows():
+    """Every run names the software family that ran it; each family's figures are its rows'."""
+    rows = [r for r in validation.checks() if r.error is not None]
+    assert all(r.get("stack") for r in RUNS)
+    s = validation.summary()
+    assert sum(n for n, _, _ in s.by_stack.values()) == s.timed
+    for stack, (n, mae, bias) in s.by_stack.items():
+        errors = [r.error for r in rows if r.stack == stack]
+        assert n == len(errors) and mae == statistics.median(abs(e) for e in errors)
+        assert bias == statistics.median(errors)
+    assert {"NeMo 1", "NeMo 2", "llm-foundry FSDP (MosaicML)", "Megatron-LM 2021"} <= set(s.by_stack)
+
+
 def test_summary_is_the_rows_statistics():
     rows = validation.checks()
     errors = sorted(r.error for r in rows if r.error is not None)
@@ -175,12 +188,13 @@ def test_the_readme_quotes_the_current_validation():
     from pathlib import Path
 
     s = validation.summary()
-    fsdp = statistics.median(r.error for r in validation.checks() if r.id.startswith("mosaic-"))
+    fsdp = s.by_stack["llm-foundry FSDP (MosaicML)"][2]
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     for quoted in (f"over {s.timed} published runs", f"median |error| {s.median_abs_error:.1%}",
                    f"lean {s.signed_bias:+.1%} high", f"{s.memory_right} of {s.memory_checked} memory verdicts right",
                    f"Spearman {s.sweeps['bloom-tr11-2022-02-25']:.3f}",
                    f"{s.by_gpu['h100-80gb'][2]:+.1%} on H100, {s.by_gpu['a100-80gb'][2]:+.1%} on A100 80GB and "
                    f"{s.by_gpu['a100-40gb'][2]:+.1%} on A100 40GB",
-                   f"the PyTorch FSDP runs among them, costed with the closest profile, lean {fsdp:+.0%}"):
+                   f"{s.by_stack['NeMo 1'][2]:+.1%} on NeMo 1 and {s.by_stack['NeMo 2'][2]:+.1%} on NeMo 2",
+                   f"the PyTorch FSDP runs, costed with the closest profile, lean {fsdp:+.0%}"):
         assert quoted in readme, quoted

@@ -222,8 +222,8 @@ def render_validation() -> str:
     lo, hi = s.ratio_range
     lines += ["", f"{s.timed} runs with a reported throughput: median |error| {s.median_abs_error:.1%}, signed bias "
               f"(median error) {s.signed_bias:+.1%}, {s.within} within {validation.TOLERANCE:.0%}",
-              "by GPU: " + "; ".join(f"{gpu} {n} runs, median |error| {mae:.1%}, bias {bias:+.1%}"
-                                     for gpu, (n, mae, bias) in s.by_gpu.items()),
+              "by GPU: " + _groups_line(s.by_gpu),
+              "by stack: " + _groups_line(s.by_stack),
               f"memory verdicts right: {s.memory_right} of {s.memory_checked} (runs that ran predicted to fit, "
               "runs that ran out of memory predicted not to)"]
     lines += [f"ranking inside sweep {name}: Spearman {rho:.3f} (predicted vs reported MFU; 1 = the measured order)" for name, rho in s.sweeps.items()]
@@ -234,19 +234,28 @@ def render_validation() -> str:
     return "\n".join(lines)
 
 
+def _groups_line(groups: dict) -> str:
+    return "; ".join(f"{name} {n} runs, median |error| {mae:.1%}, bias {bias:+.1%}" for name, (n, mae, bias) in groups.items())
+
+
+def _groups_json(groups: dict) -> dict:
+    return {name: {"timed": n, "median_abs_error": round(mae, 4), "signed_bias": round(bias, 4)}
+            for name, (n, mae, bias) in groups.items()}
+
+
 def validation_json() -> dict:
     s = validation.summary()
     return {"runs": [{"id": r.id, "gpus": r.gpus, "layout": r.layout, "reported_mfu": r.reported_mfu,
                       "predicted_mfu": round(r.predicted_mfu, 4),
                       "error": None if r.error is None else round(r.error, 4), "memory_gib": round(r.memory_gib, 2),
-                      "fits": r.fits, "ran": r.ran, "memory_verdict": r.memory_verdict} for r in validation.checks()],
+                      "fits": r.fits, "ran": r.ran, "memory_verdict": r.memory_verdict, "stack": r.stack}
+                     for r in validation.checks()],
             "median_abs_error": round(s.median_abs_error, 4), "signed_bias": round(s.signed_bias, 4),
             "within_15_percent": s.within, "timed": s.timed, "memory_right": s.memory_right,
             "memory_checked": s.memory_checked, "reported_over_predicted_range": [round(x, 4) for x in s.ratio_range],
             "reported_over_predicted_range_by_gpu": {g: [round(x, 4) for x in r] for g, r in s.gpu_ranges.items()},
             "sweep_spearman": {k: round(v, 3) for k, v in s.sweeps.items()},
-            "by_gpu": {gpu: {"timed": n, "median_abs_error": round(mae, 4), "signed_bias": round(bias, 4)}
-                       for gpu, (n, mae, bias) in s.by_gpu.items()}}
+            "by_gpu": _groups_json(s.by_gpu), "by_stack": _groups_json(s.by_stack)}
 
 
 def redundancy_line(r) -> str:
