@@ -28,9 +28,9 @@ CASES_PATH = DATA / "public_cases.json"
 # model differs from its profile: false / true for GPT-3), "attention_kernel" (where the run's
 # attention was not FlashAttention-2-class: "triton" for MosaicML's MPT runs), "attention_fraction"
 # (FlashAttention-2's rate on the run's GPU where the catalogue's is another kernel's: 0.35 on H100,
-# FlashAttention-3 paper), "reported_memory_gb" (the
-# run's published peak), "sweep" (layouts of one model on one cluster, ranked against each
-# other) and "stack" (the software family that ran it, case_stack); docs/planner.md gives their provenance.
+# FlashAttention-3 paper), "reported_memory_gb" (the run's published peak), "sweep" (layouts of one
+# model on one cluster, ranked against each other) and "stack" (the software family that ran it,
+# case_stack); docs/planner.md gives their provenance.
 VALIDATION_PATH = DATA / "validation_runs.json"
 
 
