@@ -130,23 +130,26 @@ def summary(rows: tuple[CaseCheck, ...] | None = None) -> Summary:
     for name in sorted({r.sweep for r in rows if r.sweep}):
         timed = [r for r in rows if r.sweep == name and r.error is not None]
         sweeps[name] = spearman([r.predicted_mfu for r in timed], [r.reported_mfu for r in timed])
-    by_gpu, gpu_ranges = _grouped(rows, "gpu"), {}
-    for gpu in by_gpu:
-        errs = [r.error for r in rows if r.gpu == gpu and r.error is not None]
-        if len(errs) >= OWN_RANGE_MIN_RUNS:
-            gpu_ranges[gpu] = _ratio_range(errs)
+    errors_by_gpu = _errors_by(rows, "gpu")
+    gpu_ranges = {gpu: _ratio_range(errs) for gpu, errs in errors_by_gpu.items() if len(errs) >= OWN_RANGE_MIN_RUNS}
     return Summary(len(errors), statistics.median(abs(e) for e in errors), statistics.median(errors),
                    sum(abs(e) <= TOLERANCE for e in errors), sum(r.memory_right for r in rows), len(rows),
-                   _ratio_range(errors), sweeps, by_gpu, gpu_ranges, _grouped(rows, "stack"))
+                   _ratio_range(errors), sweeps, _stats(errors_by_gpu), gpu_ranges, _stats(_errors_by(rows, "stack")))
 
 
-def _grouped(rows: tuple[CaseCheck, ...], key: str) -> dict:
-    """key value -> (timed runs, median |error|, median signed error) of the timed rows with it."""
-    out = {}
-    for value in sorted({getattr(r, key) for r in rows if r.error is not None}):
-        errs = [r.error for r in rows if getattr(r, key) == value and r.error is not None]
-        out[value] = (len(errs), statistics.median(abs(e) for e in errs), statistics.median(errs))
-    return out
+def _errors_by(rows: tuple[CaseCheck, ...], key: str) -> dict:
+    """key value -> the errors of the timed rows with it, values sorted."""
+    out: dict = {}
+    for r in rows:
+        if r.error is not None:
+            out.setdefault(getattr(r, key), []).append(r.error)
+    return dict(sorted(out.items()))
+
+
+def _stats(errors_by: dict) -> dict:
+    """key value -> (timed runs, median |error|, median signed error)."""
+    return {value: (len(errs), statistics.median(abs(e) for e in errs), statistics.median(errs))
+            for value, errs in errors_by.items()}
 
 
 def ratio_range(gpu: str | None = None) -> tuple[float, float]:
