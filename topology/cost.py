@@ -17,7 +17,8 @@ Assumptions (docs/planner.md lists them with the rest):
 * Collectives: ring cost, at links.LINK_EFFICIENCY of the link's per-direction peak. TP: per layer 4
   all-reduce equivalents (5 with sequence parallelism), plus the embedding's and output layer's
   on the end stages; forward ones exposed, megatron-core's async column-parallel backward ones
-  hidden behind the GEMM they precede (software.Software.tp_bwd_overlap). CP and
+  hidden behind the GEMM they precede (software.Software.tp_bwd_overlap). A collective hidden
+  behind compute still costs the compute the SMs NCCL holds (links.sm_contention). CP and
   (non-interleaved) PP transfers exposed, PP per rank (end stages send one way). DP overlap as in
   software.Software.
 * Step = m micro-batches on the slowest pipeline rank + bubble (p - 1)/v of them + exposed DP
@@ -30,7 +31,8 @@ from functools import lru_cache
 from math import ceil, log2
 
 from .hardware import GPU, get_gpu
-from .links import allreduce_time, dp_link_gbps, dp_ranks_per_node, group_nodes, link_time, nccl_latency, pp_crosses_nodes
+from .links import (allreduce_time, dp_link_gbps, dp_ranks_per_node, group_nodes, link_time, nccl_latency,
+                    pp_crosses_nodes, sm_contention)
 from .models import ModelSpec
 from .plan import Plan
 from .software import HYBRIDPAR, Software
@@ -193,9 +195,13 @@ def _tp_call_latency(tp: int, sp: bool, gpus_per_node: int) -> float:
     return nccl_latency(2 * (tp - 1), tp, nodes, allreduce=True)
 
 
-def _hidden(comm: float, gemm: float, sw: Software) -> float:
-    """Exposed part of an async TP collective issued before a GEMM it can overlap."""
-    return max(0.0, comm - gemm) if sw.tp_bwd_overlap else comm
+def _hidden(comm: float, gemm: float, sw: Software, gpu: GPU, nodes: int) -> float:
+    """Cost of an async TP collective issued before a GEMM it can overlap: its exposed part, and
+    the GEMM's loss to the SMs NCCL holds during the part it hides (links.sm_contention)."""
+    if not sw.tp_bwd_overlap:
+        return comm
+    exposed = max(0.0, comm - gemm)
+    return exposed + sm_contention(comm - exposed, gpu, nodes)
 
 
 @lru_cache(maxsize=None)
@@ -267,11 +273,12 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         ar = link_time(2 * (tp - 1) / tp * tokens * h * 2, _tp_bw(gpu, tp, gpus_per_node)) + _tp_call_latency(
             tp, sp, gpus_per_node)
         tp_t = (2 + (2 if recompute == "full" else 0)) * ar
+        nodes = group_nodes(tp, tp, gpus_per_node)
         for dgrad, wgrad in column:
             if sp:
-                tp_t += ar / 2 + _hidden(ar / 2, dgrad, sw) + _hidden(ar / 2, wgrad, sw)
+                tp_t += ar / 2 + _hidden(ar / 2, dgrad, sw, gpu, nodes) + _hidden(ar / 2, wgrad, sw, gpu, nodes)
             else:
-                tp_t += _hidden(ar, wgrad, sw)
+                tp_t += _hidden(ar, wgrad, sw, gpu, nodes)
     cp_t = 0.0
     if cp > 1:
         # K/V all-gather fwd, dK/dV reduce-scatter bwd; recomputation (full, or selective: core
@@ -316,10 +323,11 @@ def end_stage_tp_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: i
         n = m.vocab // tp
         dgrad = gemm_time(tokens, n, m.hidden, gpu, peak, 1, in_bytes)
         wgrad = gemm_time(m.hidden, tokens, n, gpu, peak, 1, in_bytes)
+        nodes = group_nodes(tp, tp, gpus_per_node)
         if sp:
-            t += ar / 2 + _hidden(ar / 2, dgrad, sw) + _hidden(ar / 2, wgrad, sw)
+            t += ar / 2 + _hidden(ar / 2, dgrad, sw, gpu, nodes) + _hidden(ar / 2, wgrad, sw, gpu, nodes)
         else:
-            t += _hidden(ar, wgrad, sw)
+            t += _hidden(ar, wgrad, sw, gpu, nodes)
         t += 3 * allreduce_time(tokens * 4, tp, group_nodes(tp, tp, gpus_per_node), bw)
     return t
 
@@ -384,7 +392,8 @@ def after_first_backward(n_mb: int, mb_s: float, fwd_s: float, pp: int, vpp: int
 
 def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float, bwd_mb: float,
              nic_free_mb: float) -> float:
-    """Exposed DP time. nic_free_mb: the part of a micro-batch on the slowest rank during which
+    """DP time on the step: exposed communication, and the compute lost to NCCL's SMs behind the
+    hidden part (links.sm_contention). nic_free_mb: the part of a micro-batch on the slowest rank during which
     the scale-out link is free for DP traffic (compute and NVLink TP collectives)."""
     d = plan.zero_group  # CP ranks hold the same weights: gradients are reduced over DP x CP
     if d == 1:
@@ -394,26 +403,33 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
     # one reduce-scatter and one all-gather call per gradient bucket
     # megatron-core's bucket grows with DP (DistributedDataParallelConfig: max(40M, 1M x dp))
     bucket = GRAD_BUCKET_NUMEL if sw.zero2_reduce_once else max(GRAD_BUCKET_NUMEL, 1_000_000 * d)
-    calls = ceil(n_params / bucket) * nccl_latency(d - 1, d, ceil(d / dp_ranks_per_node(plan, sw)))
+    nodes = ceil(d / dp_ranks_per_node(plan, sw))
+    calls = ceil(n_params / bucket) * nccl_latency(d - 1, d, nodes)
     grad = link_time(ring * n_params * (4 if sw.fp32_grads else 2), bw) + calls  # reduce-scatter
     gather = link_time(ring * n_params * 2, bw) + calls  # all-gather of 16-bit weights
 
-    def overlapped(t: float, behind: float, on: bool) -> float:
+    def exposed(t: float, behind: float, on: bool) -> float:
         """Bucket by bucket behind ``behind`` seconds of compute, except one bucket (the first
         layers'), which that compute cannot hide: the reduction's last bucket is complete only
         when the backward ends, the gather's first is needed before the forward starts."""
         return max(t - behind, t * min(1.0, GRAD_BUCKET_NUMEL / n_params)) if on else t
 
+    def cost(t: float, shown: float, compute: float = float("inf")) -> float:
+        """The exposed part, and the compute's loss to NCCL's SMs while the rest runs behind it (on
+        at most ``compute`` seconds: not beside the rank's NVLink TP collectives)."""
+        return shown + sm_contention(min(t - shown, compute), gpu, nodes)
+
     def reduced(t: float) -> float:  # issued from the last micro-batch's backward
-        return overlapped(t, bwd_mb, sw.overlap_grad_reduce)
+        return cost(t, exposed(t, bwd_mb, sw.overlap_grad_reduce))
 
     def gathered(t: float) -> float:  # issued after the step, behind the next step's first forward
-        return overlapped(t, fwd_mb, sw.overlap_param_gather)
+        return cost(t, exposed(t, fwd_mb, sw.overlap_param_gather))
 
     if plan.zero_stage == 3:  # gather for fwd and for bwd, reduce-scatter, every micro-batch
         per_mb = 2 * gather + grad
-        both_overlap = sw.overlap_grad_reduce and sw.overlap_param_gather
-        return plan.grad_accum * (max(0.0, per_mb - nic_free_mb) if both_overlap else per_mb)
+        if not (sw.overlap_grad_reduce and sw.overlap_param_gather):
+            return plan.grad_accum * per_mb
+        return plan.grad_accum * cost(per_mb, max(0.0, per_mb - nic_free_mb), fwd_mb + bwd_mb)
     if plan.zero_stage == 0:  # one all-reduce = reduce-scatter + all-gather of the gradients
         return reduced(2 * grad)
     if sw.full_grad_allreduce and (plan.zero_stage == 1 or sw.zero2_reduce_once):
@@ -427,10 +443,11 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
         # reductions outlast the time from the first pipeline rank's first backward to the end of
         # the step, and at least its last bucket.
         n = plan.grad_accum
-        window = 0.0  # not overlapped: every reduction exposed
-        if sw.overlap_grad_reduce:
-            window = max(bwd_mb, after_first_backward(n, nic_free_mb, fwd_mb, plan.pp, plan.vpp))
-        return max(n * grad - window, reduced(grad)) + gathered(gather)
+        if not sw.overlap_grad_reduce:  # every reduction exposed
+            return n * grad + gathered(gather)
+        window = max(bwd_mb, after_first_backward(n, nic_free_mb, fwd_mb, plan.pp, plan.vpp))
+        shown = max(n * grad - window, exposed(grad, bwd_mb, True))
+        return cost(n * grad, shown, n * (fwd_mb + bwd_mb)) + gathered(gather)
     # ZeRO-1, and hybridpar's ZeRO-2 (one reduction of the full accumulated gradients per step,
     # engine.py _defer_zero2_reduction): reduced once, then the updated weights gathered.
     return reduced(grad) + gathered(gather)

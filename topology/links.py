@@ -22,10 +22,28 @@ LINK_EFFICIENCY = 0.8
 NCCL_BASE_LAT_S = 8.4e-6
 NCCL_HOP_LAT_S = {"nvlink": 3.4e-6, "network": 9.6e-6}
 NCCL_RING_PLATEAU = 1.9
+# NCCL runs a collective as one CUDA block per channel, each holding an SM while the collective
+# lasts. An 8-GPU NVSwitch node's rings use 24 channels on A100 (NVIDIA/nccl-tests#100, an HGX A100
+# log: "Channel 23/24") and on H100 (NVIDIA developer forum, "Compute-communication overlap causes
+# severe GEMM performance degradation", an FSDP trace: ncclAllGather runs 24 blocks beside a GEMM on
+# 132 SMs); a ring across nodes 16 (NVIDIA/nccl#1453, 3 nodes of 8 H100s: "Channel 00/16") [S].
+# Compute overlapped with a collective has the other SMs: it loses the collective's blocks / sms of
+# its rate while the collective runs (sm_contention). Check: Lee et al. 2025, "Characterizing
+# Compute-Communication Overlap in GPU-Accelerated Distributed Deep Learning" (arXiv 2507.03114),
+# measured compute slowed by 18.9% on average (40% at most) under overlapped communication on A100
+# and H100 [R]; 24/108 = 22%, 24/132 = 18%. Not counted: the collective's HBM traffic, and the extra
+# wave a one-wave GEMM needs with fewer SMs (the forum trace's near-doubling).
+NCCL_COLLECTIVE_CTAS = {"nvlink": 24, "network": 16}
 
 
 def link_time(nbytes: float, gbps: float) -> float:
     return nbytes / (gbps * 1e9 * LINK_EFFICIENCY)
+
+
+def sm_contention(hidden_s: float, gpu: GPU, nodes: int) -> float:
+    """Compute time lost while a collective over ``nodes`` nodes runs ``hidden_s`` seconds behind
+    it (NCCL_COLLECTIVE_CTAS): its SMs work for NCCL, not for the compute."""
+    return hidden_s * NCCL_COLLECTIVE_CTAS["network" if nodes > 1 else "nvlink"] / gpu.sms
 
 
 def nccl_latency(steps: int, ranks: int, nodes: int, allreduce: bool = False) -> float:

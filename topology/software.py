@@ -82,7 +82,7 @@ class Software:
     # LinearWithGradAccumulationAndAsyncCommunication.backward: all_gather/all_reduce/
     # reduce_scatter with async_op=True, "we rely on CUDA_DEVICE_MAX_CONNECTIONS=1 to ensure
     # that the ... is scheduled before the ... computation"). Assumed hidden up to that GEMM's
-    # time (SM contention ignored). Forward collectives and the row-parallel backward all-gather
+    # time, which loses the SMs NCCL holds meanwhile (links.sm_contention). Forward collectives and the row-parallel backward all-gather
     # (mappings.py, synchronous) stay exposed. False: every TP collective exposed.
     tp_bwd_overlap: bool = True
     # Pipeline messages are split over the TP ranks and all-gathered on the receiver (Megatron-LM

@@ -11,8 +11,8 @@ KNOWN_MISSES = {
     "llama3-405b-t4-1": "predicted low by 21%: classic ZeRO-2 reduce-scatters every micro-batch's fp32 gradients "
                         "over 64 nodes (NCCL's per-step network latency included), and the window that hides them "
                         "is the ideal 1F1B timeline's; Meta's own FSDP schedule (§3.3.2, tunable N) is not modelled",
-    "llama3-405b-t4-3": "predicted high by 17%: at 128K, 57% of Megatron-convention FLOPs are attention; no term "
-                        "found for the gap (CP K/V all-gather is 4% of the step under GQA; docs/planner.md)",
+    "llama3-405b-t4-2": "predicted low by 16%: the same per-micro-batch reductions as t4-1, over 128 nodes; hidden "
+                        "behind compute for most of the step, they also hold 16 of its 132 SMs (links.sm_contention)",
 }
 
 

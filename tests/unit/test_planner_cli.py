@@ -45,12 +45,15 @@ def test_software_flag_plans_for_megatron_core(capsys):
     assert (core["tp"], core["cp"], core["pp"], core["dp"]) == (4, 4, 16, 64)
     assert (mine["tp"], mine["cp"], mine["pp"], mine["dp"]) == (8, 2, 16, 64)
     meta_argv = [*argv, "--software", "megatron-core", "--tp", "8", "--pp", "16", "--cp", "1"]
+    # Meta's layout: ZeRO-2 fits without recomputation, but its 16 fp32 reduce-scatters per step (one per
+    # micro-batch), mostly exposed and holding NCCL's SMs while hidden, cost more than ZeRO-1's one
+    # reduction plus full recomputation
+    z2 = json.loads(run([*meta_argv, "--zero", "2"], capsys)[1])["plans"][0]
+    assert z2["fits"] and z2["recompute"] == "none"
+    assert z2["comm_s"]["dp"] > 0.25 * z2["step_time_s"] and z2["step_time_s"] > core["step_time_s"]
     meta = json.loads(run(meta_argv, capsys)[1])["plans"][0]
-    assert meta["fits"] and meta["recompute"] == "none" and meta["zero_stage"] == 2
-    assert meta["comm_s"]["dp"] > 0.25 * meta["step_time_s"] and meta["step_time_s"] > core["step_time_s"]
-    z1 = json.loads(run([*meta_argv, "--zero", "1"], capsys)[1])["plans"][0]
-    assert z1["fits"] and z1["recompute"] == "full" and z1["step_time_s"] > meta["step_time_s"]
-    assert meta["comm_s"]["dp"] > 5 * z1["comm_s"]["dp"]  # 16 fp32 reduce-scatters, mostly exposed, vs one
+    assert meta["fits"] and meta["zero_stage"] == 1 and meta["recompute"] == "full"
+    assert meta["step_time_s"] < z2["step_time_s"] and z2["comm_s"]["dp"] > 5 * meta["comm_s"]["dp"]
     with pytest.raises(SystemExit) as stop:
         run([*argv, "--software", "deepspeed"], capsys)
     assert stop.value.code == 2 and "--software" in capsys.readouterr().err
@@ -272,9 +275,9 @@ def test_b200_is_in_the_catalogue_and_plans_faster_than_h100(capsys):
 
 
 def test_readme_figures_for_a_measured_h100_and_for_b200(tmp_path, capsys):
-    """README ("Planning a layout"): Llama 3 405B on 16,384 H100s plans TP8 CP2 PP16 VPP8 DP64 at 6.13 s;
+    """README ("Planning a layout"): Llama 3 405B on 16,384 H100s plans TP8 CP2 PP16 VPP8 DP64 at 6.22 s;
     with gemm_fraction 0.68 in a GPU file (a cluster whose GEMMs burst at 0.68 of the peak) the same
-    layout takes 6.84 s; on 16,384 B200s it plans TP8 CP2 PP32 VPP4 DP32 at 3.08 s."""
+    layout takes 6.93 s; on 16,384 B200s it plans TP8 CP2 PP32 VPP4 DP32 at 3.12 s."""
     path = tmp_path / "my-h100.yaml"
     path.write_text("base: h100-80gb\ngemm_fraction: 0.68\n")
     argv = ["--model", "llama3-405b", "--gpus", "16384", "--top", "1", "--json"]
@@ -283,11 +286,11 @@ def test_readme_figures_for_a_measured_h100_and_for_b200(tmp_path, capsys):
     (measured,) = json.loads(run([*argv, "--gpu", str(path)], capsys)[1])["plans"]
     (b200,) = json.loads(run([*argv, "--gpu", "b200-180gb"], capsys)[1])["plans"]
     assert layout(catalogue) == (8, 2, 16, 8, 64) and layout(measured) == (8, 2, 16, 8, 64)
-    assert round(catalogue["step_time_s"], 2) == 6.13 and round(measured["step_time_s"], 2) == 6.84
-    assert layout(b200) == (8, 2, 32, 4, 32) and round(b200["step_time_s"], 2) == 3.08
+    assert round(catalogue["step_time_s"], 2) == 6.22 and round(measured["step_time_s"], 2) == 6.93
+    assert layout(b200) == (8, 2, 32, 4, 32) and round(b200["step_time_s"], 2) == 3.12
     # the README quotes the first plan with the ranges of today's validation spread
     (lo, hi), (mlo, mhi) = catalogue["step_time_s_range"], catalogue["mfu_range"]
-    quoted = f"6.13 s ({lo:.2f}-{hi:.2f} s), {catalogue['mfu']:.0%} MFU ({mlo * 100:.0f}-{mhi * 100:.0f}%)"
+    quoted = f"6.22 s ({lo:.2f}-{hi:.2f} s), {catalogue['mfu']:.0%} MFU ({mlo * 100:.0f}-{mhi * 100:.0f}%)"
     assert quoted in (REPO / "README.md").read_text(), quoted
 
 
