@@ -352,10 +352,10 @@ class StepCost:
     step_time_s: float
     compute_s: float  # m micro-batches of compute on the slowest pipeline rank
     bubble_s: float  # pipeline fill and drain: (p - 1)/v micro-batches of everything
-    tp_s: float
+    tp_s: float  # exposed TP communication, and the compute lost beside the hidden part (links.sm_contention)
     cp_s: float
     pp_s: float
-    dp_s: float  # exposed DP communication
+    dp_s: float  # exposed DP communication, and the compute lost beside the hidden part
     optimizer_s: float
     model_flops: float  # per step, whole job
     tokens_per_s: float

@@ -306,7 +306,7 @@ def render(req: Request, result) -> str:
                      f"{f'  (tight: within {TIGHT_MARGIN:.0%} of capacity)' if e.fits and e.memory.tight(gpu.memory_bytes) else ''}")
         other = [f"{k.replace('_', ' ')} {g[k]:.2f}" for k in OTHER_PARTS if g[k]]
         lines.append(f"{'':>15}other: {', '.join(other)}")
-    lines += ["", "Time per step, seconds (exposed, on the slowest pipeline rank):"]
+    lines += ["", "Time per step, seconds (slowest pipeline rank; TP, DP: exposed, and compute lost beside hidden ones):"]
     for i, e in enumerate(result.plans, 1):
         c = e.cost
         lines.append(f"{i:>2} compute {c.compute_s:>8.3f}  bubble {c.bubble_s:>7.3f}  TP {c.tp_s:>7.3f}  "
