@@ -195,13 +195,18 @@ def _tp_call_latency(tp: int, sp: bool, gpus_per_node: int) -> float:
     return nccl_latency(2 * (tp - 1), tp, nodes, allreduce=True)
 
 
+def _with_contention(comm: float, shown: float, gpu: GPU, nodes: int, compute: float = float("inf")) -> float:
+    """What a collective of ``comm`` seconds costs the step when ``shown`` of it is exposed: that
+    part, and the compute's loss to the SMs NCCL holds while the rest runs behind it
+    (links.sm_contention), on at most ``compute`` seconds of compute."""
+    return shown + sm_contention(min(comm - shown, compute), gpu, nodes)
+
+
 def _hidden(comm: float, gemm: float, sw: Software, gpu: GPU, nodes: int) -> float:
-    """Cost of an async TP collective issued before a GEMM it can overlap: its exposed part, and
-    the GEMM's loss to the SMs NCCL holds during the part it hides (links.sm_contention)."""
+    """Cost of an async TP collective issued before a GEMM it can overlap."""
     if not sw.tp_bwd_overlap:
         return comm
-    exposed = max(0.0, comm - gemm)
-    return exposed + sm_contention(comm - exposed, gpu, nodes)
+    return _with_contention(comm, max(0.0, comm - gemm), gpu, nodes)
 
 
 @lru_cache(maxsize=None)
@@ -314,6 +319,7 @@ def end_stage_tp_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: i
     if tp == 1:
         return 0.0
     bw = _tp_bw(gpu, tp, gpus_per_node)
+    nodes = group_nodes(tp, tp, gpus_per_node)
     ring = 2 * (tp - 1) / tp
     ar = link_time(ring * tokens * m.hidden * 2, bw) + _tp_call_latency(tp, sp, gpus_per_node)
     t = ar if embedding else 0.0
@@ -323,12 +329,11 @@ def end_stage_tp_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: i
         n = m.vocab // tp
         dgrad = gemm_time(tokens, n, m.hidden, gpu, peak, 1, in_bytes)
         wgrad = gemm_time(m.hidden, tokens, n, gpu, peak, 1, in_bytes)
-        nodes = group_nodes(tp, tp, gpus_per_node)
         if sp:
             t += ar / 2 + _hidden(ar / 2, dgrad, sw, gpu, nodes) + _hidden(ar / 2, wgrad, sw, gpu, nodes)
         else:
             t += _hidden(ar, wgrad, sw, gpu, nodes)
-        t += 3 * allreduce_time(tokens * 4, tp, group_nodes(tp, tp, gpus_per_node), bw)
+        t += 3 * allreduce_time(tokens * 4, tp, nodes, bw)
     return t
 
 
@@ -414,22 +419,19 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
         when the backward ends, the gather's first is needed before the forward starts."""
         return max(t - behind, t * min(1.0, GRAD_BUCKET_NUMEL / n_params)) if on else t
 
-    def cost(t: float, shown: float, compute: float = float("inf")) -> float:
-        """The exposed part, and the compute's loss to NCCL's SMs while the rest runs behind it (on
-        at most ``compute`` seconds: not beside the rank's NVLink TP collectives)."""
-        return shown + sm_contention(min(t - shown, compute), gpu, nodes)
-
     def reduced(t: float) -> float:  # issued from the last micro-batch's backward
-        return cost(t, exposed(t, bwd_mb, sw.overlap_grad_reduce))
+        return _with_contention(t, exposed(t, bwd_mb, sw.overlap_grad_reduce), gpu, nodes)
 
     def gathered(t: float) -> float:  # issued after the step, behind the next step's first forward
-        return cost(t, exposed(t, fwd_mb, sw.overlap_param_gather))
+        return _with_contention(t, exposed(t, fwd_mb, sw.overlap_param_gather), gpu, nodes)
 
     if plan.zero_stage == 3:  # gather for fwd and for bwd, reduce-scatter, every micro-batch
         per_mb = 2 * gather + grad
         if not (sw.overlap_grad_reduce and sw.overlap_param_gather):
             return plan.grad_accum * per_mb
-        return plan.grad_accum * cost(per_mb, max(0.0, per_mb - nic_free_mb), fwd_mb + bwd_mb)
+        # contention only beside compute, not beside the rank's NVLink TP collectives
+        return plan.grad_accum * _with_contention(per_mb, max(0.0, per_mb - nic_free_mb), gpu, nodes,
+                                                  fwd_mb + bwd_mb)
     if plan.zero_stage == 0:  # one all-reduce = reduce-scatter + all-gather of the gradients
         return reduced(2 * grad)
     if sw.full_grad_allreduce and (plan.zero_stage == 1 or sw.zero2_reduce_once):
@@ -447,7 +449,7 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
             return n * grad + gathered(gather)
         window = max(bwd_mb, after_first_backward(n, nic_free_mb, fwd_mb, plan.pp, plan.vpp))
         shown = max(n * grad - window, exposed(grad, bwd_mb, True))
-        return cost(n * grad, shown, n * (fwd_mb + bwd_mb)) + gathered(gather)
+        return _with_contention(n * grad, shown, gpu, nodes, n * (fwd_mb + bwd_mb)) + gathered(gather)
     # ZeRO-1, and hybridpar's ZeRO-2 (one reduction of the full accumulated gradients per step,
     # engine.py _defer_zero2_reduction): reduced once, then the updated weights gathered.
     return reduced(grad) + gathered(gather)
