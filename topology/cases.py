@@ -26,7 +26,8 @@ CASES_PATH = DATA / "public_cases.json"
 # "outcome" ("ran", or "oom": the layout ran out of memory, no timing), "optimizer_state_dtype"
 # ("bf16" where the run's optimizer kept its state in bf16), "rotary" and "dropout" (where the
 # model differs from its profile: false / true for GPT-3), "attention_kernel" (where the run's
-# attention was not FlashAttention-2-class: "triton" for MosaicML's MPT runs), "attention_fraction"
+# attention was not FlashAttention-2-class: "triton" for MosaicML's MPT runs), "cross_entropy" (where the
+# run's loss kernel was not megatron's: "fused-16bit" for MosaicML's), "attention_fraction"
 # (FlashAttention-2's rate on the run's GPU where the catalogue's is another kernel's: 0.35 on H100,
 # FlashAttention-3 paper), "reported_memory_gb" (the run's published peak), "sweep" (layouts of one
 # model on one cluster, ranked against each other) and "stack" (the software family that ran it,
@@ -101,6 +102,7 @@ def _profile(case: dict) -> Software:
         # position_embedding_type) and hidden and attention dropout 0.1.
         return replace(sw, rotary=case.get("rotary", sw.rotary), dropout=case.get("dropout", sw.dropout),
                        attention_kernel=case.get("attention_kernel", sw.attention_kernel),
+                       cross_entropy=case.get("cross_entropy", sw.cross_entropy),
                        attention_fraction=case.get("attention_fraction", sw.attention_fraction))
     if case["id"].startswith("llama3"):
         # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2, as megatron-core's

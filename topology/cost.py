@@ -35,7 +35,7 @@ from .links import (allreduce_time, dp_link_gbps, dp_ranks_per_node, group_nodes
                     pp_crosses_nodes, sm_contention)
 from .models import ModelSpec
 from .plan import Plan
-from .software import HYBRIDPAR, Software
+from .software import CROSS_ENTROPY_KERNELS, HYBRIDPAR, Software
 from .stages import Stage, params_per_rank, stages
 
 # Fraction of peak HBM bandwidth that streaming (elementwise) kernels reach [S, assumed].
@@ -297,12 +297,13 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
 
 
 @lru_cache(maxsize=None)
-def output_layer_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: int) -> tuple[float, float]:
-    """Logits GEMM and fp32 cross-entropy on the last stage (fwd, bwd)."""
+def output_layer_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: int,
+                      cross_entropy: str) -> tuple[float, float]:
+    """Logits GEMM and the cross-entropy over the rank's vocabulary slice on the last stage (fwd, bwd)."""
     peak = gpu.peak_tflops(precision) * 1e12
     f, b = gemm_fwd_bwd(tokens, m.hidden, m.vocab // tp, gpu, peak, 1, 1 if precision == "fp8" else 2)
-    ce = hbm_time(tokens * 16 * m.vocab / tp, gpu)  # read/write fp32 logits a few times
-    return f + ce, b + ce
+    logits, ce = tokens * m.vocab / tp, CROSS_ENTROPY_KERNELS[cross_entropy]
+    return f + hbm_time(logits * ce.forward_bytes, gpu), b + hbm_time(logits * ce.backward_bytes, gpu)
 
 
 @lru_cache(maxsize=None)
@@ -485,7 +486,7 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
     for st in stages(plan):  # the slowest pipeline rank, all its per-micro-batch terms
         fwd, bwd = st.layers * lt.fwd, st.layers * lt.bwd
         if st.has_output:
-            of, ob = output_layer_time(m, gpu, plan.precision, tokens, plan.tp)
+            of, ob = output_layer_time(m, gpu, plan.precision, tokens, plan.tp, sw.cross_entropy)
             fwd, bwd = fwd + of, bwd + ob
         tp = st.layers * lt.tp + end_stage_tp_time(m, gpu, plan.precision, tokens, plan.tp, sp, sw,
                                                     plan.gpus_per_node, st.has_embedding, st.has_output)

@@ -39,7 +39,7 @@ from functools import lru_cache
 from .cost import GRAD_BUCKET_NUMEL
 from .hardware import GIB
 from .plan import Plan
-from .software import HYBRIDPAR, Software
+from .software import CROSS_ENTROPY_KERNELS, HYBRIDPAR, Software
 from .stages import Stage, layer_params_per_rank, params_per_rank, stages
 
 # What frameworks hold beyond weights, gradients, optimizer state and activations (issue 15 §2):
@@ -167,11 +167,6 @@ def in_flight(plan: Plan, rank: int) -> float:
     return min(2 * (p - rank - 1) + (v - 1) * p + 1, mb * v)
 
 
-# megatron-core's vocab-parallel cross-entropy (tensor_parallel/cross_entropy.py) casts the 16-bit
-# logits to fp32 (vocab_parallel_logits.float()) and exponentiates in place: at its peak the 16-bit
-# logits of the output layer and their fp32 copy both exist, 6 bytes per logit; the fp32 softmax is
-# kept for the backward, which rewrites it in place into the gradient.
-LOGIT_BYTES = 6
 
 
 def _nccl_bytes(plan: Plan, stage: Stage) -> float:
@@ -219,7 +214,7 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMem
     logits = 0.0
     if stage.has_output:  # final norm and output layer inputs (Korthikanti's 4sbh/t), then the logits
         act += tokens * 4 * m.hidden / t
-        logits = tokens * m.vocab / t * LOGIT_BYTES
+        logits = tokens * m.vocab / t * CROSS_ENTROPY_KERNELS[sw.cross_entropy].peak_bytes
 
     pipe = 0.0
     if plan.pp > 1:

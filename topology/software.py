@@ -17,6 +17,32 @@ GRAD_ADD_16BIT = 6  # autograd's in-place add into a 16-bit .grad: read 2 + read
 
 
 @dataclass(frozen=True)
+class CrossEntropyKernel:
+    """The loss over the vocabulary, per logit (one token, one vocabulary entry of the rank's slice)."""
+    forward_bytes: int  # HBM bytes read and written in forward
+    backward_bytes: int  # HBM bytes read and written in backward, up to the 16-bit logits' gradient
+    peak_bytes: int  # bytes held at the loss's peak (memory.py: the last stage's logits)
+
+
+# Megatron's vocab-parallel cross-entropy (megatron-core tensor_parallel/cross_entropy.py; the same steps in
+# Megatron-LM 2021's mpu/cross_entropy.py, which BLOOM's Megatron-DeepSpeed ran), on the 16-bit logits of the
+# output layer. Forward: .float() (read 2, write 4), max (read 4), in-place subtract of the max (read 4,
+# write 4), exp into itself (read 4, write 4), sum (read 4), in-place divide into the softmax it saves
+# (read 4, write 4): 38. Backward: the in-place multiply by the loss gradient (read 4, write 4) and the
+# cast back to 16 bits (read 4, write 2): 14. At its peak the 16-bit logits and their fp32 copy both
+# exist: 6. hybridpar's runtime calls it through megatron-core's GPTModel (no cross_entropy_loss_fusion).
+# flash-attn's xentropy CUDA kernel (flash_attn/losses/cross_entropy.py and csrc/xentropy/xentropy_kernel.cu,
+# v1.0.9, the version llm-foundry pinned; MosaicML's MPT default loss_fn, fused_crossentropy): on the 16-bit
+# logits, fp32 only in registers. Forward: one pass for the max, one for the sum of exponentials (read 2 each);
+# it saves the logits and an fp32 log-sum-exp per row. Backward: read the logits, write a new 16-bit gradient
+# (inplace_backward off, llm-foundry's setting): 4. Peak: the logits and that gradient, 4.
+CROSS_ENTROPY_KERNELS = {
+    "vocab-parallel-fp32": CrossEntropyKernel(forward_bytes=38, backward_bytes=14, peak_bytes=6),
+    "fused-16bit": CrossEntropyKernel(forward_bytes=4, backward_bytes=4, peak_bytes=4),
+}
+
+
+@dataclass(frozen=True)
 class Software:
     # What `hybridpar plan --software NAME` calls it, and how errors name it.
     name: str = "hybridpar"
@@ -75,6 +101,9 @@ class Software:
     # describes) or "triton" (FlashAttention in Triton, flash-attn's flash_attn_triton.py, which
     # MosaicML's llm-foundry ran as attn_impl: triton); cost.ATTENTION_KERNEL_SLOWDOWN says how much slower.
     attention_kernel: str = "flash2"
+    # The cross-entropy over the vocabulary on the last stage, a key of CROSS_ENTROPY_KERNELS: what it
+    # reads and writes in HBM and what it holds at its peak.
+    cross_entropy: str = "vocab-parallel-fp32"
     # Backward TP collectives of column-parallel linears are issued async and overlap a GEMM:
     # without SP the input-gradient all-reduce overlaps the weight-gradient GEMM; with SP the
     # re-all-gather of the input overlaps the input-gradient GEMM and the input-gradient

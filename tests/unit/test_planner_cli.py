@@ -370,6 +370,37 @@ def test_headroom_leaves_that_share_of_memory_free(capsys):
     assert kept["plans"] and kept["plans"][0]["step_time_s"] >= free["plans"][0]["step_time_s"]
 
 
+def test_cross_entropy_flag_costs_the_loss_kernel_it_names(tmp_path, capsys):
+    """--cross-entropy fused-16bit: the same pinned layout costs what step_cost and plan_memory give under the
+    software with that loss, faster and smaller than megatron's fp32 loss (MPT-1B's shape, 50,368 logits)."""
+    from dataclasses import replace
+
+    from hybridpar.topology.cost import step_cost
+    from hybridpar.topology.memory import plan_memory
+    from hybridpar.topology.models import ModelSpec
+    from hybridpar.topology.plan import Plan
+    from hybridpar.topology.software import MEGATRON_CORE
+
+    m = ModelSpec(24, 2048, 8192, 16, 16, 50368, "gelu", "mpt-1b", tied_embeddings=True)
+    model = tmp_path / "mpt-1b.json"
+    model.write_text(json.dumps({"layers": 24, "hidden": 2048, "ffn_hidden": 8192, "heads": 16, "kv_heads": 16,
+                                 "vocab": 50368, "mlp": "gelu", "name": "mpt-1b", "tied_embeddings": True}))
+    argv = ["--model", str(model), "--gpus", "8", "--gpu", "a100-40gb", "--seq-len", "2048", "--global-batch", "64",
+            "--tp", "1", "--pp", "1", "--cp", "1", "--dp", "8", "--micro-batch", "8", "--vpp", "1", "--zero", "3",
+            "--recompute", "none", "--software", "megatron-core", "--json"]
+    fp32 = json.loads(run(argv, capsys)[1])["plans"][0]
+    fused = json.loads(run([*argv, "--cross-entropy", "fused-16bit"], capsys)[1])["plans"][0]
+    plan = Plan(m, 2048, 64, tp=1, cp=1, pp=1, dp=8, vpp=1, micro_batch=8, zero_stage=3, recompute="none",
+                sequence_parallel=False, gpu="a100-40gb")
+    sw = replace(MEGATRON_CORE, cross_entropy="fused-16bit")
+    assert fused["step_time_s"] == pytest.approx(step_cost(plan, sw).step_time_s, rel=1e-4)
+    assert fused["memory_gib"]["logits"] == pytest.approx(plan_memory(plan, sw).logits / 2**30, abs=0.01)
+    assert fused["step_time_s"] < fp32["step_time_s"]
+    # 8 x 2,048 tokens x 50,368 logits x 2 bytes fewer at the peak
+    assert fp32["memory_gib"]["logits"] - fused["memory_gib"]["logits"] == pytest.approx(8 * 2048 * 50368 * 2 / 2**30,
+                                                                                         abs=0.02)
+
+
 def test_attention_kernel_flag_costs_the_plan_with_that_kernel(capsys):
     """--attention-kernel triton plans for FlashAttention in Triton: the same pinned layout costs what
     step_cost gives under the software with that kernel, longer than with FlashAttention-2."""

@@ -271,6 +271,24 @@ def test_unfused_gradient_accumulation_costs_its_bytes_every_micro_batch():
     assert 5.0 < expected < 6.5  # 4.0B parameters on an end stage, 128 micro-batches + 11 of fill and drain
 
 
+def test_the_cross_entropy_costs_the_bytes_its_kernel_moves_over_the_vocabulary():
+    from hybridpar.topology.cost import hbm_time
+    from hybridpar.topology.software import CROSS_ENTROPY_KERNELS
+    # MPT-125M's shape on one A100: the loss over 50,368 logits per token weighs against small layers.
+    m = ModelSpec(12, 768, 3072, 12, 12, 50368, "gelu", "mpt-125m", tied_embeddings=True)
+    plan = Plan(m, 2048, 16, tp=1, pp=1, dp=1, micro_batch=8, gpu="a100-80gb")
+    a100 = get_gpu("a100-80gb")
+    megatron, fused = CROSS_ENTROPY_KERNELS["vocab-parallel-fp32"], CROSS_ENTROPY_KERNELS["fused-16bit"]
+    assert (megatron.forward_bytes, megatron.backward_bytes) == (38, 14)
+    assert (fused.forward_bytes, fused.backward_bytes) == (4, 4)
+    slow = step_cost(plan, HYBRIDPAR, a100)
+    fast = step_cost(plan, replace(HYBRIDPAR, cross_entropy="fused-16bit"), a100)
+    logits = 8 * 2048 * 50368
+    expected = plan.grad_accum * hbm_time((52 - 8) * logits, a100)
+    assert slow.step_time_s - fast.step_time_s == pytest.approx(expected, rel=1e-9)
+    assert 0.05 < expected / slow.step_time_s < 0.2  # a term a small model's plan must not drop
+
+
 def test_torch_ddp_hides_the_all_reduce_behind_the_last_backward():
     """Narayanan et al.'s 1.7B-18B runs used torch DDP (examples/sc21/run_table_1.sh DDP=torch):
     its bucketed all-reduce overlaps the last micro-batch's backward, where Megatron's local DDP

@@ -3,7 +3,7 @@ from dataclasses import replace
 
 import pytest
 
-from hybridpar.topology.memory import CUDA_CONTEXT_BYTES, EAGER_CUDA_CONTEXT_BYTES, LOGIT_BYTES, NCCL_CHANNEL_BYTES, PARTS, TIGHT_MARGIN, layer_activation_bytes, model_state_bytes, plan_memory, stage_memory
+from hybridpar.topology.memory import CUDA_CONTEXT_BYTES, EAGER_CUDA_CONTEXT_BYTES, NCCL_CHANNEL_BYTES, PARTS, TIGHT_MARGIN, layer_activation_bytes, model_state_bytes, plan_memory, stage_memory
 from hybridpar.topology.models import PRESETS, ModelSpec
 from hybridpar.topology.plan import Plan
 from hybridpar.topology.software import DEEPSPEED_BF16_PIPE, HYBRIDPAR, MEGATRON_2021, MEGATRON_CORE
@@ -121,12 +121,17 @@ def test_each_communicator_adds_its_nccl_buffers_and_the_network_ones_are_smalle
     assert stage_memory(tied, first).nccl - stage_memory(tied, middle).nccl == pytest.approx(4 * NCCL_CHANNEL_BYTES)
 
 
-def test_logits_on_the_last_stage_only_six_bytes_each():
+def test_logits_on_the_last_stage_only_as_many_bytes_as_the_loss_kernel_holds():
     m = PRESETS["llama3-8b"]
     plan = Plan(m, 8192, 64, tp=2, pp=4, dp=2, micro_batch=2, sequence_parallel=True)
     first, middle, last = stages(plan)
     assert stage_memory(plan, first).logits == stage_memory(plan, middle).logits == 0
-    assert stage_memory(plan, last).logits == pytest.approx(LOGIT_BYTES * 2 * 8192 * m.vocab / 2)
+    logits_per_rank = 2 * 8192 * m.vocab / 2
+    # megatron-core's vocab-parallel loss: the 16-bit logits and their fp32 copy
+    assert stage_memory(plan, last).logits == pytest.approx(6 * logits_per_rank)
+    # a fused 16-bit loss (flash-attn's xentropy): the logits and their 16-bit gradient
+    fused = replace(HYBRIDPAR, cross_entropy="fused-16bit")
+    assert stage_memory(plan, last, sw=fused).logits == pytest.approx(4 * logits_per_rank)
 
 
 def test_deepspeed_pipeline_keeps_each_in_flight_output():

@@ -13,6 +13,7 @@ from hybridpar.topology.hardware import CATALOGUE, GIB, HardwareError, load_gpu
 from hybridpar.topology.memory import PARTS, TIGHT_MARGIN
 from hybridpar.topology.models import load_model
 from hybridpar.topology.plan import PRECISIONS, RECOMPUTE_MODES
+from hybridpar.topology.software import CROSS_ENTROPY_KERNELS
 from hybridpar.topology.redundancy import KEEP
 from hybridpar.topology.search import Request, search
 from hybridpar.topology.software import PROFILES
@@ -69,6 +70,10 @@ def add_arguments(p):
                    help="the attention kernel the run uses (default: the software's, FlashAttention-2-class; "
                    "triton: FlashAttention in Triton, as MosaicML's llm-foundry ran it, 1.4x slower forward and 2x "
                    "backward)")
+    p.add_argument("--cross-entropy", choices=sorted(CROSS_ENTROPY_KERNELS), default=None,
+                   help="the loss kernel over the vocabulary (default: the software's, megatron's vocab-parallel "
+                   "loss in fp32, 6 bytes per logit at its peak; fused-16bit: flash-attn's fused xentropy, as "
+                   "MosaicML's llm-foundry ran it, 4)")
     p.add_argument("--headroom", type=float, default=0.0, metavar="PERCENT",
                    help="share of each GPU's memory a plan must leave free, in percent (default 0; recipes use 10)")
     p.add_argument("--tolerate-replica-loss", action="store_true",
@@ -132,6 +137,8 @@ def build_request(args) -> tuple[Request, int]:
         software = replace(software, launch_blocking=True)
     if getattr(args, "attention_kernel", None):
         software = replace(software, attention_kernel=args.attention_kernel)
+    if getattr(args, "cross_entropy", None):
+        software = replace(software, cross_entropy=args.cross_entropy)
     if software.name == "deepspeed-pipe-bf16" and args.precision != "bf16":
         raise UsageError(f"--software deepspeed-pipe-bf16 models DeepSpeed's BF16_Optimizer; use --precision bf16, "
                          f"not {args.precision}")
