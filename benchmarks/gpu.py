@@ -6,7 +6,7 @@ on a machine with one CUDA GPU (it refuses to run without one). Model "llama-1b"
 untied: 1.075B parameters. It trains through hybridpar's own runtime (``hybridpar.train.Job``:
 megatron-core GPTModel from the local layer spec, DeepSpeed ZeRO-1 over DP=1, AdamW, clipping) on
 synthetic tokens, and reports the median step time after warm-up, tokens/s, model TFLOP/s
-(Megatron's FLOP formula, topology.cost.model_flops_per_seq) and MFU against the GPU's dense bf16
+(Megatron's FLOP formula, topology.flops.model_flops_per_seq) and MFU against the GPU's dense bf16
 peak from topology/hardware.py, beside the planner's prediction for the same Plan twice: with its
 default software profile (FlashAttention, fused gradient accumulation) and with the profile of
 what this runtime actually runs (torch SDPA attention, ``gradient_accumulation_fusion=False``). Expected wall time: model init ~20-60 s, 35 steps of
@@ -18,7 +18,8 @@ import statistics
 import sys
 import time
 
-from hybridpar.topology.cost import model_flops_per_seq, step_cost
+from hybridpar.topology.cost import step_cost
+from hybridpar.topology.flops import model_flops_per_seq
 from hybridpar.topology.hardware import catalogue_for_device, get_gpu
 from hybridpar.topology.models import ModelSpec
 from hybridpar.topology.plan import Plan

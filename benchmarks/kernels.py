@@ -12,7 +12,7 @@ measures both on the GPU at hand, in the planner's own FLOP counts, and writes t
   second half, once clocks and temperature have settled under the power limit, is the sustained
   rate; sustained / burst is the file's sustained_clock (what a training step sees).
 * attention: torch SDPA (FlashAttention on CUDA), causal, batch 1, forward and backward, counted
-  as the planner counts it (topology/cost.py causal_attention_flops, backward
+  as the planner counts it (topology/flops.py causal_attention_flops, backward
   FLASH_BACKWARD_RATIO x the forward).
 Also writes benchmarks/results/kernels.json (every shape's rate, device, versions).
 To see what a full node sustains, run one per GPU at once (CUDA_VISIBLE_DEVICES=i, --out per GPU):
@@ -27,7 +27,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from hybridpar.topology.cost import FLASH_BACKWARD_RATIO, causal_attention_flops
+from hybridpar.topology.flops import causal_attention_flops
+from hybridpar.topology.kernels import FLASH_BACKWARD_RATIO
 from hybridpar.topology.hardware import get_gpu
 
 from hybridpar.benchmarks._cli import BenchParser, int_list, positive_float, positive_int

@@ -36,10 +36,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .cost import GRAD_BUCKET_NUMEL
 from .hardware import GIB
 from .plan import Plan
-from .software import CROSS_ENTROPY_KERNELS, HYBRIDPAR, Software
+from .software import CROSS_ENTROPY_KERNELS, GRAD_BUCKET_NUMEL, HYBRIDPAR, Software
 from .stages import Stage, layer_params_per_rank, params_per_rank, stages
 
 # What frameworks hold beyond weights, gradients, optimizer state and activations (issue 15 §2):

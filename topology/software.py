@@ -11,6 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 
+# Gradient bucket of the overlapped DP reduction: megatron-core's default 40M elements
+# (DistributedDataParallelConfig: max(40M, 1M x dp)); hybridpar/zero/grad_sync.py uses this one.
+GRAD_BUCKET_NUMEL = 40_000_000
 GRAD_ADD_MIXED = 10  # read 2 (16-bit gradient) + read 4 + write 4 (fp32 buffer)
 GRAD_ADD_CAST_COPY = 18  # cast: read 2 + write 4; add: read 4 + read 4 + write 4
 GRAD_ADD_16BIT = 6  # autograd's in-place add into a 16-bit .grad: read 2 + read 2 + write 2
@@ -99,7 +102,7 @@ class Software:
     attention_fraction: float | None = None
     # The attention kernel: "flash2" (FlashAttention-2 or a kernel as fast, which attention_fraction
     # describes) or "triton" (FlashAttention in Triton, flash-attn's flash_attn_triton.py, which
-    # MosaicML's llm-foundry ran as attn_impl: triton); cost.ATTENTION_KERNEL_SLOWDOWN says how much slower.
+    # MosaicML's llm-foundry ran as attn_impl: triton); kernels.ATTENTION_KERNEL_SLOWDOWN says how much slower.
     attention_kernel: str = "flash2"
     # The cross-entropy over the vocabulary on the last stage, a key of CROSS_ENTROPY_KERNELS: what it
     # reads and writes in HBM and what it holds at its peak.
@@ -165,14 +168,14 @@ class Software:
     # Rajbhandari et al. 2020); apex's DistributedFusedAdam keeps all three in its `dtype` (6 with
     # dtype bf16).
     optimizer_state_bytes_per_param: int = 12
-    # Kernels one transformer layer launches per micro-batch, forward and backward (cost.kernel_bound):
+    # Kernels one transformer layer launches per micro-batch, forward and backward (kernels.kernel_bound):
     # counted on megatron-core's layer as hybridpar builds it, every aten operation that is not a
     # view (tests/integration/test_kernel_count.py: 43 and 58 on CPU, whose RMSNorm is a
     # composition; CUDA fuses it). Stacks with Transformer Engine's fused modules launch fewer,
     # Megatron-LM 2021's unfused dropout more; not counted here, so the one count stands for all.
     kernels_per_layer: tuple[int, int] = (43, 58)
     # The run set CUDA_LAUNCH_BLOCKING=1: every kernel launch returns only when the kernel is done
-    # (cost.kernel_bound). A property of how a run was launched, not of the stack: cases.py sets it
+    # (kernels.kernel_bound). A property of how a run was launched, not of the stack: cases.py sets it
     # for the runs that did.
     launch_blocking: bool = False
     # What PyTorch's caching allocator reserves beyond the peak it allocates, as a share of that peak,

@@ -1,6 +1,6 @@
 """How many operations one transformer layer of hybridpar's model runs per micro-batch, counted on CPU.
 
-The planner charges every kernel a boundary cost and the host an issue cost (topology/cost.py
+The planner charges every kernel a boundary cost and the host an issue cost (topology/kernels.py
 kernel_bound, Software.kernels_per_layer). The count: megatron-core's layer as
 ``hybridpar.runtime.model.build_model`` builds it, run forward and backward under a dispatch mode
 that counts every aten operation except views and allocations (which launch no kernel); a model of

@@ -2,7 +2,7 @@
 
 ``StepMonitor`` is a ``train()`` hook (hybridpar/runtime/loop.py). At the start it works out, once:
 
-- the model FLOPs of one step: ``topology.cost.model_flops_per_seq`` (Megatron-Core's formula,
+- the model FLOPs of one step: ``topology.flops.model_flops_per_seq`` (Megatron-Core's formula,
   the planner's own) x the global batch;
 - the device's dense peak for the run's precision (``topology.hardware``): the catalogue GPU whose
   name matches ``torch.cuda.get_device_name()``; on CPU (or an unknown GPU, or fp32) there is no
@@ -27,7 +27,7 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
-from hybridpar.topology.cost import model_flops_per_seq
+from hybridpar.topology.flops import model_flops_per_seq
 from hybridpar.topology.hardware import HardwareError, catalogue_for_device, get_gpu
 
 

@@ -35,8 +35,8 @@ from itertools import accumulate
 import torch
 import torch.distributed as dist
 
-# The bucket the planner assumes (topology/cost.py): megatron-core's default, 40M elements.
-from hybridpar.topology.cost import GRAD_BUCKET_NUMEL as DEFAULT_BUCKET_NUMEL
+# The bucket the planner assumes (topology/software.py): megatron-core's default, 40M elements.
+from hybridpar.topology.software import GRAD_BUCKET_NUMEL as DEFAULT_BUCKET_NUMEL
 
 
 def bucket_params(params: list, bucket_numel: int) -> list[list]:

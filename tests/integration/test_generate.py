@@ -39,7 +39,7 @@ def test_train_prints_and_saves_a_sample_of_the_trained_model(tmp_path):
     from hybridpar.config.recipe import GenerateSection as SampleConfig
     from hybridpar.observe.sample import generate_text
     from hybridpar.observe.report import load_metrics, summarize
-    from hybridpar.topology.cost import model_flops_per_seq
+    from hybridpar.topology.flops import model_flops_per_seq
     from hybridpar.topology.plan import Plan
     from hybridpar.topology.search import evaluate
 

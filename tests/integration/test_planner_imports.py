@@ -5,7 +5,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 MODULES = ["hybridpar.topology", "hybridpar.topology.hardware", "hybridpar.topology.models", "hybridpar.topology.layout", "hybridpar.topology.plan",
-           "hybridpar.topology.stages", "hybridpar.topology.software", "hybridpar.topology.memory", "hybridpar.topology.cost", "hybridpar.topology.search",
+           "hybridpar.topology.stages", "hybridpar.topology.software", "hybridpar.topology.memory", "hybridpar.topology.flops", "hybridpar.topology.kernels",
+           "hybridpar.topology.cost", "hybridpar.topology.search",
            "hybridpar.topology.cases", "hybridpar.topology.redundancy", "hybridpar.cli.commands.plan",
            "hybridpar.config.recipe"]
 

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from hybridpar.benchmarks.kernels import attention_tflops, fraction, gpu_file_text, matmul_tflops, seconds_per_call, sweep
-from hybridpar.topology.cost import FLASH_BACKWARD_RATIO, causal_attention_flops, layer_time
+from hybridpar.topology.cost import layer_time
+from hybridpar.topology.flops import causal_attention_flops
+from hybridpar.topology.kernels import FLASH_BACKWARD_RATIO
 from hybridpar.topology.hardware import get_gpu, load_gpu
 from hybridpar.topology.models import load_model
 from hybridpar.topology.software import HYBRIDPAR

@@ -3,7 +3,7 @@ import pytest
 
 from hybridpar.observe.metrics import Yardstick, describe, step_text, yardstick
 from hybridpar.topology.hardware import catalogue_for_device
-from hybridpar.topology.cost import model_flops_per_seq
+from hybridpar.topology.flops import model_flops_per_seq
 from hybridpar.topology.models import PRESETS
 from hybridpar.topology.plan import Plan
 from hybridpar.topology.search import evaluate

@@ -2,7 +2,9 @@
 from dataclasses import replace
 import pytest
 
-from hybridpar.topology.cost import gemm_time, k_efficiency, model_flops_per_seq, recompute_flops_per_seq, step_cost
+from hybridpar.topology.cost import step_cost
+from hybridpar.topology.flops import model_flops_per_seq, recompute_flops_per_seq
+from hybridpar.topology.kernels import gemm_time, k_efficiency
 from hybridpar.topology.hardware import get_gpu
 from hybridpar.topology.links import link_time, nccl_latency, sm_contention
 from hybridpar.topology.models import PRESETS, ModelSpec
@@ -150,7 +152,7 @@ def test_overlapped_dp_reduction_exposes_its_last_bucket():
     while hidden, the SMs NCCL holds are lost to the backward (links.sm_contention)."""
     from dataclasses import replace
 
-    from hybridpar.topology.cost import GRAD_BUCKET_NUMEL
+    from hybridpar.topology.software import GRAD_BUCKET_NUMEL
     from hybridpar.topology.software import HYBRIDPAR
     from hybridpar.topology.stages import params_per_rank, stages
 
@@ -250,7 +252,7 @@ def test_zero_group_of_cp_ranks_inside_a_node_runs_on_nvlink():
 def test_unfused_gradient_accumulation_costs_its_bytes_every_micro_batch():
     from dataclasses import replace
 
-    from hybridpar.topology.cost import hbm_time
+    from hybridpar.topology.kernels import hbm_time
     from hybridpar.topology.software import DEEPSPEED_BF16_PIPE, GRAD_ADD_CAST_COPY, GRAD_ADD_MIXED, MEGATRON_2021
     from hybridpar.topology.stages import params_per_rank, stages
     # BLOOM's layout: DeepSpeed's BF16_Optimizer casts each bf16 gradient to an fp32 temporary
@@ -272,7 +274,7 @@ def test_unfused_gradient_accumulation_costs_its_bytes_every_micro_batch():
 
 
 def test_the_cross_entropy_costs_the_bytes_its_kernel_moves_over_the_vocabulary():
-    from hybridpar.topology.cost import hbm_time
+    from hybridpar.topology.kernels import hbm_time
     from hybridpar.topology.software import CROSS_ENTROPY_KERNELS
     # MPT-125M's shape on one A100: the loss over 50,368 logits per token weighs against small layers.
     m = ModelSpec(12, 768, 3072, 12, 12, 50368, "gelu", "mpt-125m", tied_embeddings=True)
@@ -294,7 +296,7 @@ def test_torch_ddp_hides_the_all_reduce_behind_the_last_backward():
     its bucketed all-reduce overlaps the last micro-batch's backward, where Megatron's local DDP
     all-reduces after the schedule. The same layout differs by (nearly) the whole DP time, and
     fp16 gradients accumulate in place (6 B/param), not into an fp32 main grad (10 B/param)."""
-    from hybridpar.topology.cost import GRAD_BUCKET_NUMEL
+    from hybridpar.topology.software import GRAD_BUCKET_NUMEL
     from hybridpar.topology.software import MEGATRON_2021, MEGATRON_2021_TORCH_DDP
 
     m = ModelSpec(24, 2304, 9216, 24, 24, 51200, "gelu", "gpt-1.7b", tied_embeddings=True)
@@ -313,7 +315,7 @@ def test_torch_ddp_hides_the_all_reduce_behind_the_last_backward():
 
 
 def test_flash_attention_rate_follows_sequence_length_and_head_dimension():
-    from hybridpar.topology.cost import attention_shape_factor
+    from hybridpar.topology.kernels import attention_shape_factor
 
     assert attention_shape_factor(8192, 128) == 1.0 == attention_shape_factor(131072, 128)
     assert attention_shape_factor(512, 128) == pytest.approx((512 / 768) / (8192 / 8448))
@@ -327,7 +329,9 @@ def test_context_parallel_attention_amortises_over_one_ring_steps_keys():
     fraction, which doubles the attention core and nothing else."""
     from dataclasses import replace
 
-    from hybridpar.topology.cost import attention_shape_factor, causal_attention_flops, layer_time
+    from hybridpar.topology.cost import layer_time
+    from hybridpar.topology.flops import causal_attention_flops
+    from hybridpar.topology.kernels import attention_shape_factor
     from hybridpar.topology.software import MEGATRON_CORE
 
     m, gpu, seq, cp = PRESETS["llama3-8b"], get_gpu("h100-80gb"), 8192, 4
@@ -357,10 +361,11 @@ def test_megatron_lm_2022_is_2021_with_sequence_parallelism_and_selective_recomp
 
 
 def test_kernels_cost_their_boundaries_and_their_issue():
-    """cost.kernel_bound: every kernel of a layer adds KERNEL_GAP_S; when the GPU work is shorter
+    """kernels.kernel_bound: every kernel of a layer adds KERNEL_GAP_S; when the GPU work is shorter
     than the host's issue of the kernels, the host's time is the layer's. Large layers barely notice
     (under 1% for Llama 3 8B at 8K on H100), tiny ones are issue-bound."""
-    from hybridpar.topology.cost import HOST_OP_S, KERNEL_GAP_S, kernel_bound, layer_time
+    from hybridpar.topology.cost import layer_time
+    from hybridpar.topology.kernels import HOST_OP_S, KERNEL_GAP_S, kernel_bound
 
     assert kernel_bound(1e-3, 50) == pytest.approx(1e-3 + 50 * KERNEL_GAP_S)
     assert kernel_bound(1e-6, 50) == pytest.approx(50 * HOST_OP_S)
@@ -378,9 +383,9 @@ FA3_H100 = {512: 430.32, 1024: 517.099, 2048: 565.544, 4096: 590.233, 8192: 614.
 
 
 def test_attention_sequence_curve_matches_a_measured_hopper_kernel():
-    """cost.attention_shape_factor's seq / (seq + 256) follows FlashAttention-3's measured rate on H100
+    """kernels.attention_shape_factor's seq / (seq + 256) follows FlashAttention-3's measured rate on H100
     within 2.5% at every sequence length, relative to the longest."""
-    from hybridpar.topology.cost import ATTN_SHORT_SEQ
+    from hybridpar.topology.kernels import ATTN_SHORT_SEQ
 
     curve = lambda s: s / (s + ATTN_SHORT_SEQ)
     for seq, rate in FA3_H100.items():
@@ -392,7 +397,8 @@ def test_blocking_launches_add_every_kernels_issue_to_its_work():
     the previous one finished: the issue adds to the GPU's work instead of hiding behind it, for large
     layers and tiny ones alike, and cases.py sets it for those runs alone."""
     from hybridpar.topology.cases import case_software, load_cases, VALIDATION_PATH
-    from hybridpar.topology.cost import HOST_OP_S, KERNEL_GAP_S, kernel_bound, layer_time
+    from hybridpar.topology.cost import layer_time
+    from hybridpar.topology.kernels import HOST_OP_S, KERNEL_GAP_S, kernel_bound
 
     assert kernel_bound(1e-3, 50, launch_blocking=True) == pytest.approx(1e-3 + 50 * (KERNEL_GAP_S + HOST_OP_S))
     assert kernel_bound(1e-6, 50, launch_blocking=True) == pytest.approx(1e-6 + 50 * (KERNEL_GAP_S + HOST_OP_S))
@@ -411,8 +417,9 @@ def test_triton_attention_costs_flashattention2s_work_at_its_measured_slowdown()
     core and its backward by 1.0 of the core's backward, and nothing else moves."""
     from dataclasses import replace
 
-    from hybridpar.topology.cost import (ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, attention_shape_factor,
-                                         causal_attention_flops, layer_time)
+    from hybridpar.topology.cost import layer_time
+    from hybridpar.topology.flops import causal_attention_flops
+    from hybridpar.topology.kernels import ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, attention_shape_factor
     from hybridpar.topology.software import MEGATRON_CORE
 
     assert ATTENTION_KERNEL_SLOWDOWN == {"flash2": (1.0, 1.0), "triton": (1.4, 2.0)}

@@ -11,7 +11,7 @@ import statistics
 import pytest
 
 from hybridpar.topology.cases import CASES_PATH, VALIDATION_PATH, load_cases, predict_case
-from hybridpar.topology.cost import model_flops_per_seq
+from hybridpar.topology.flops import model_flops_per_seq
 from hybridpar.topology.hardware import get_gpu
 from hybridpar.topology.models import ModelSpec
 from hybridpar.topology import validation

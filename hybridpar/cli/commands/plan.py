@@ -8,7 +8,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
-from hybridpar.topology.cost import ATTENTION_KERNEL_SLOWDOWN
+from hybridpar.topology.kernels import ATTENTION_KERNEL_SLOWDOWN
 from hybridpar.topology.hardware import CATALOGUE, GIB, HardwareError, load_gpu
 from hybridpar.topology.memory import PARTS, TIGHT_MARGIN
 from hybridpar.topology.models import load_model

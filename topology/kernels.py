@@ -1,0 +1,116 @@
+"""What one GPU's kernels cost, shape by shape, on the GPU's measured rates (topology/hardware.py).
+
+* GEMMs: roofline per GEMM. Compute runs at the GPU's maximum achievable matmul rate
+  (hardware.GPU.gemm_fraction x dense peak) at the clock a busy node sustains
+  (hardware.GPU.sustained_clock, as attention does), reduced by wave quantisation: the output is cut
+  into 128 x 256 tiles (the large CUTLASS/cuBLAS tile on Ampere and Hopper) and a wave of tiles
+  occupies every SM, so a partial last wave idles the rest; memory time is the GEMM's operands
+  and result over HBM. The slower of the two decides. Backward = data-gradient GEMM plus
+  weight-gradient GEMM with the transposed shapes. TP and small micro-batches shrink M, N, K.
+* Attention core: FlashAttention at hardware.GPU.attention_fraction of peak, scaled by sequence length
+  and head dimension (attention_shape_factor); backward FLASH_BACKWARD_RATIO x the forward's FLOPs;
+  other kernels at their measured slowdown (ATTENTION_KERNEL_SLOWDOWN).
+* Memory-bound work (norms, residual adds, activation functions, the loss): bytes over
+  HBM_EFFICIENCY x peak HBM bandwidth.
+* Every kernel: a boundary cost, and the host's issue where the kernels are shorter than it
+  (kernel_bound).
+"""
+from __future__ import annotations
+
+from math import ceil, log2
+
+from .hardware import GPU
+
+# Fraction of peak HBM bandwidth that streaming (elementwise) kernels reach [S, assumed].
+HBM_EFFICIENCY = 0.85
+TILE = (128, 256)
+# Smaller tiles cuBLAS falls back to when the large one leaves SMs idle (fewer tiles than SMs).
+TILES = (TILE, (128, 128), (64, 128))
+# Short-K cost (k_efficiency): OpenXLA's measured sm_90 bf16 GEMM table
+# (xla/service/gpu/model/matmul_interpolator_data.h, "sm_90") runs 4096 x 4096 at K = 256, 512, 2048
+# and 4096 at 392, 543, 739 and 783 TFLOP/s: K / (K + 256) to within 7%, the 4096-cubed shapes at
+# MAMF (783-808 vs 792 TFLOP/s). Measured on Hopper, assumed for the other GPUs.
+SHORT_K = 256
+MAMF_K = 4096
+# FlashAttention-2 forward+backward, causal, head dimension 128 on A100 (Dao 2023, "FlashAttention-2",
+# Figure 4 [R]): about 126, 155, 172, 183 and 189 TFLOP/s at sequence 512, 1K, 2K, 4K and 8K, i.e.
+# seq / (seq + 256) to within 3%; head dimension 64 about 0.85 of 128's rate (same figure) [R].
+# Checked on Hopper against a stored measurement: pytorch/benchmark commit ff65cb67 ("Fix dimension
+# order for FlashAttention-3"), FlashAttention-3 on H100, head dimension 128, batch x sequence 16K:
+# 430, 517, 566, 590, 614 and 621 TFLOP/s from sequence 512 to 16K, each within 2.5% of
+# seq / (seq + 256) relative to 16K (tests/unit/test_planner_cost.py) [S].
+ATTN_SHORT_SEQ = 256
+ATTN_HEAD64 = 0.85
+
+# FlashAttention's backward FLOPs over its forward's: it recomputes the scores (Dao 2022, §3.1).
+FLASH_BACKWARD_RATIO = 2.5
+# Other attention kernels' forward and backward time over FlashAttention-2's for the same work:
+# FlashAttention-2 "is around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and
+# around 2x faster in the backward pass" (Dao 2023, "FlashAttention-2", §4.1, measured on A100;
+# the middle of the forward's range taken, and assumed to hold on H100).
+ATTENTION_KERNEL_SLOWDOWN = {"flash2": (1.0, 1.0), "triton": (1.4, 2.0)}
+# Per kernel: the boundary between two kernels on a stream (the last blocks drain, the next
+# kernel's first blocks start), measured as the time of a minimal kernel inside a replayed CUDA
+# graph, 1.28 us, and the host's cost of issuing one operation from Python in eager PyTorch, 4.2 us
+# (a third-party measurement on a 132-SM Hopper card kept in this project's search corpus) [S].
+# The host runs ahead of the GPU, so it binds only where a layer's kernels are shorter than their
+# issue.
+KERNEL_GAP_S = 1.28e-6
+HOST_OP_S = 4.2e-6
+
+
+def _tile_rate(tm: int, tn: int) -> float:
+    """A tile's rate relative to the large TILE: per FLOP it loads (1/tm + 1/tn) operand elements
+    into shared memory, and the large tile is the one that keeps the tensor cores fed."""
+    return (1 / TILE[0] + 1 / TILE[1]) / (1 / tm + 1 / tn)
+
+
+def k_efficiency(k: int) -> float:
+    """Share of the maximum achievable rate a GEMM with inner dimension k reaches: each output
+    tile fills its operand pipeline before the main loop and writes its accumulators after it, a
+    fixed cost worth SHORT_K elements of k. MAMF is reached from MAMF_K on."""
+    return min(1.0, (k / (k + SHORT_K)) / (MAMF_K / (MAMF_K + SHORT_K)))
+
+
+def gemm_time(m: int, k: int, n: int, gpu: GPU, peak: float, batch: int = 1, in_bytes: int = 2) -> float:
+    """Seconds for batch x (m x k) @ (k x n): roofline with wave quantisation over the SMs for the
+    best of the tile shapes cuBLAS chooses among, and the short-K cost."""
+    best = 0.0
+    for tm, tn in TILES:
+        for a, b in ((tm, tn), (tn, tm)):
+            tiles = batch * ceil(m / a) * ceil(n / b)
+            waves = ceil(tiles / gpu.sms)
+            best = max(best, _tile_rate(a, b) * batch * m * n / (waves * gpu.sms * a * b))
+    compute = 2.0 * batch * m * k * n / (peak * gpu.gemm_fraction * gpu.sustained_clock * best * k_efficiency(k))
+    memory = batch * (in_bytes * (m * k + k * n) + 2 * m * n) / (gpu.hbm_tbps * 1e12 * HBM_EFFICIENCY)
+    return max(compute, memory)
+
+
+def gemm_fwd_bwd(m: int, k: int, n: int, gpu: GPU, peak: float, batch: int = 1, in_bytes: int = 2):
+    fwd = gemm_time(m, k, n, gpu, peak, batch, in_bytes)
+    bwd = gemm_time(m, n, k, gpu, peak, batch, in_bytes) + gemm_time(k, m, n, gpu, peak, batch, in_bytes)
+    return fwd, bwd
+
+
+def kernel_bound(gpu_s: float, kernels: int, launch_blocking: bool = False) -> float:
+    """A layer's pass of ``kernels`` kernels taking ``gpu_s`` of work: each kernel boundary adds
+    KERNEL_GAP_S, and the GPU cannot finish before the host has issued them all. With
+    CUDA_LAUNCH_BLOCKING=1 the host waits for each kernel before issuing the next, so nothing of
+    the issue is hidden."""
+    if launch_blocking:
+        return gpu_s + kernels * (KERNEL_GAP_S + HOST_OP_S)
+    return max(gpu_s + kernels * KERNEL_GAP_S, kernels * HOST_OP_S)
+
+
+def hbm_time(nbytes: float, gpu: GPU) -> float:
+    return nbytes / (gpu.hbm_tbps * 1e12 * HBM_EFFICIENCY)
+
+
+def attention_shape_factor(seq: int, head_dim: int) -> float:
+    """FlashAttention's rate at this sequence length and head dimension relative to the GPU's
+    attention_fraction (which is for head dimension 128 at 8K, causal): each query block pays a
+    fixed cost (loading Q, the final rescale, writing O) amortised over its key loop, as
+    seq / (seq + ATTN_SHORT_SEQ); head dimension 64 runs at ATTN_HEAD64 of 128's rate."""
+    amortised = min(1.0, (seq / (seq + ATTN_SHORT_SEQ)) / (8192 / (8192 + ATTN_SHORT_SEQ)))
+    head = 1.0 if head_dim >= 128 else max(ATTN_HEAD64, ATTN_HEAD64 + (1 - ATTN_HEAD64) * log2(head_dim / 64))
+    return amortised * head
