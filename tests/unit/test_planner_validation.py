@@ -22,7 +22,7 @@ TIMED = [r for r in RUNS if r.get("outcome", "ran") == "ran"]
 
 _SWEEP = ("predicted high by 17-28%: costed on the stack the sweep ran (DeepSpeed 0.5's ZeRO-1 on 16-bit weights: "
           "bf16 gradients, reduced in bf16), with CUDA_LAUNCH_BLOCKING=1 and on the bandwidth NCCL measured on Jean "
-          "Zay, the sweep's TP=2 rows are within -0 to +7% and TP=4/TP=8 at micro-batch 4 and PP >= 6 within +5 to "
+          "Zay, the sweep's TP=2 rows are within -1 to +7% and TP=4/TP=8 at micro-batch 4 and PP >= 6 within +4 to "
           "+12%, while the layouts with the most DP traffic (DP=16, DP=24) and TP=8 at micro-batch 1-2 (and 6) "
           "lean +17 to +28%; docs/planner.md, what is missing")
 KNOWN_MISSES = {f"bloom-sweep-{k}": _SWEEP for k in (
