@@ -27,7 +27,8 @@ CASES_PATH = DATA / "public_cases.json"
 # ("bf16" where the run's optimizer kept its state in bf16), "rotary" and "dropout" (where the
 # model differs from its profile: false / true for GPT-3), "attention_kernel" (where the run's
 # attention was not FlashAttention-2-class: "triton" for MosaicML's MPT runs), "cross_entropy" (where the
-# run's loss kernel was not megatron's: "fused-16bit" for MosaicML's), "attention_fraction"
+# run's loss kernel was not megatron's unfused one: "vocab-parallel-fused" for NeMo 2's, "fused-16bit" for
+# MosaicML's), "attention_fraction"
 # (FlashAttention-2's rate on the run's GPU where the catalogue's is another kernel's: 0.35 on H100,
 # FlashAttention-3 paper), "reported_memory_gb" (the run's published peak), "sweep" (layouts of one
 # model on one cluster, ranked against each other) and "stack" (the software family that ran it,

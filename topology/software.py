@@ -34,6 +34,12 @@ class CrossEntropyKernel:
 # (read 4, write 4): 38. Backward: the in-place multiply by the loss gradient (read 4, write 4) and the
 # cast back to 16 bits (read 4, write 2): 14. At its peak the 16-bit logits and their fp32 copy both
 # exist: 6. hybridpar's runtime calls it through megatron-core's GPTModel (no cross_entropy_loss_fusion).
+# The same steps as megatron-core's cross_entropy_loss_fusion runs them (fusions/fused_cross_entropy.py, the
+# "native" implementation, megatron-core's default): each step a function under torch.compile
+# (core/jit.py: jit_fuser from torch 2.2), one pass per function, inputs it mutates written back.
+# Forward: cast and max in one pass (read 2, write 4), subtract, exp and sum (read 4, write 4), divide
+# (read 4, write 4): 22. Backward: multiply and cast (read 4, write the fp32 softmax back 4 and the 16-bit
+# gradient 2): 10. Peak as unfused, 6. NeMo 2's GPTConfig turns the fusion on.
 # flash-attn's xentropy CUDA kernel (flash_attn/losses/cross_entropy.py and csrc/xentropy/xentropy_kernel.cu,
 # v1.0.9, the version llm-foundry pinned; MosaicML's MPT default loss_fn, fused_crossentropy): on the 16-bit
 # logits, fp32 only in registers. Forward: one pass for the max, one for the sum of exponentials (read 2 each);
@@ -41,6 +47,7 @@ class CrossEntropyKernel:
 # (inplace_backward off, llm-foundry's setting): 4. Peak: the logits and that gradient, 4.
 CROSS_ENTROPY_KERNELS = {
     "vocab-parallel-fp32": CrossEntropyKernel(forward_bytes=38, backward_bytes=14, peak_bytes=6),
+    "vocab-parallel-fused": CrossEntropyKernel(forward_bytes=22, backward_bytes=10, peak_bytes=6),
     "fused-16bit": CrossEntropyKernel(forward_bytes=4, backward_bytes=4, peak_bytes=4),
 }
 

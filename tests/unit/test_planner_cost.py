@@ -283,6 +283,9 @@ def test_the_cross_entropy_costs_the_bytes_its_kernel_moves_over_the_vocabulary(
     megatron, fused = CROSS_ENTROPY_KERNELS["vocab-parallel-fp32"], CROSS_ENTROPY_KERNELS["fused-16bit"]
     assert (megatron.forward_bytes, megatron.backward_bytes) == (38, 14)
     assert (fused.forward_bytes, fused.backward_bytes) == (4, 4)
+    # megatron-core's cross_entropy_loss_fusion: the same steps, one pass per compiled function
+    assert (CROSS_ENTROPY_KERNELS["vocab-parallel-fused"].forward_bytes,
+            CROSS_ENTROPY_KERNELS["vocab-parallel-fused"].backward_bytes) == (22, 10)
     slow = step_cost(plan, HYBRIDPAR, a100)
     fast = step_cost(plan, replace(HYBRIDPAR, cross_entropy="fused-16bit"), a100)
     logits = 8 * 2048 * 50368

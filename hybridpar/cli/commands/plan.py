@@ -72,7 +72,8 @@ def add_arguments(p):
                    "backward)")
     p.add_argument("--cross-entropy", choices=sorted(CROSS_ENTROPY_KERNELS), default=None,
                    help="the loss kernel over the vocabulary (default: the software's, megatron's vocab-parallel "
-                   "loss in fp32, 6 bytes per logit at its peak; fused-16bit: flash-attn's fused xentropy, as "
+                   "loss in fp32, 6 bytes per logit at its peak; vocab-parallel-fused: the same under megatron-core's "
+                   "cross_entropy_loss_fusion, as NeMo 2 runs it; fused-16bit: flash-attn's fused xentropy, as "
                    "MosaicML's llm-foundry ran it, 4)")
     p.add_argument("--headroom", type=float, default=0.0, metavar="PERCENT",
                    help="share of each GPU's memory a plan must leave free, in percent (default 0; recipes use 10)")
