@@ -177,6 +177,35 @@ def apply() -> bool:
     return True
 
 
+def _decorator_or_function(model=None, **_options):
+    return model if model is not None else (lambda function: function)
+
+
+def import_libraries_uncompiled() -> None:
+    """On CPU ranks, import megatron-core, and the module DeepSpeed's ZeRO imports at its first
+    gradient reduction, with the functions they compile at import left as plain Python.
+
+    Both wrap functions in ``torch.compile`` where they define them (megatron/core/jit.py's
+    ``jit_fuser`` on every fused function; DeepSpeed's Muon kernels), which loads torch's compiler
+    stack (inductor, its lowerings and code generators): about 1.3 s of CPU per rank. The runtime
+    calls none of them: every megatron fusion is off (runtime/model.py) and the optimizer is AdamW.
+    For the length of these imports ``torch.compile`` returns what it is given, so those names stay
+    plain functions, which would compute the same thing eagerly. On GPU nothing changes."""
+    if not on_cpu():
+        return
+    from hybridpar.compat import deepspeed as deepspeed_compat
+
+    compile_ = torch.compile
+    torch.compile = _decorator_or_function
+    try:
+        if "megatron.core" not in sys.modules:
+            import megatron.core  # noqa: F401  (its __init__ imports jit.py and the fusions)
+            import megatron.core.models.gpt  # noqa: F401
+        deepspeed_compat.import_zero_muon()
+    finally:
+        torch.compile = compile_
+
+
 def seed_model_parallel_rng(seed: int, tp_rank: int) -> None:
     """Megatron's seed layout for its tracker: CUDA on GPU, the CPU generator on CPU."""
     from megatron.core import tensor_parallel

@@ -21,6 +21,7 @@ _ZERO = "deepspeed.runtime.zero.stage_1_and_2"
 _OPT = f"{_ZERO}:DeepSpeedZeroOptimizer"
 _ENGINE = "deepspeed.runtime.engine:DeepSpeedEngine"
 _UNFUSED = "deepspeed.runtime.fp16.unfused_optimizer:FP16_UnfusedOptimizer"
+_MUON = "deepspeed.runtime.zero.muon.muon_optimizer"
 
 
 _SHM = "hybridpar.compat.cpu skips the shared-memory op's build on CPU ranks"
@@ -41,6 +42,8 @@ def _opt(name, used_for, kind=ASSIGNED, params=()):
 RELIES_ON = Reliance("deepspeed", ("0.19.8", "0.20"), (
     Internal("deepspeed.comm.torch", "build_shm_op", _SHM),
     Internal("deepspeed.comm.torch:TorchBackend", "build_shm_op", _SHM + " (looked up at call time)", READ),
+    Internal(_MUON, "MuonWithAuxAdam", "hybridpar.compat.cpu imports this module before ZeRO does, torch.compile off"),
+    _opt(_MUON, "hybridpar.compat.cpu imports it before average_tensor does", READ),
     _opt("_grad_acc_hooks", _HOOKS),
     _opt("setup_buckets", _HOOKS + " (it sets up the buckets they set up)", MEMBER),
     _opt("bit16_groups", _HOOKS),
@@ -100,6 +103,12 @@ def skip_shm_build() -> None:
     """DeepSpeed's CPU backend builds its shared-memory op through this module global at start."""
     # (`import deepspeed.comm.torch as m` would bind deepspeed.comm's `torch` attribute: torch itself)
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
+def import_zero_muon() -> None:
+    """The Muon optimizer module that ZeRO-1/2 imports in each gradient reduction (average_tensor),
+    whose kernels are compiled when it is first imported (hybridpar.compat.cpu imports it first)."""
+    importlib.import_module(_MUON)
 
 
 def skip_engine_allreduce(engine) -> None:

@@ -50,10 +50,11 @@ def init_distributed(timeout_s: int = 600) -> None:
         return
     if not under_launcher():
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
-    from hybridpar.compat.cpu import enter_strict_device_mode, name_deepspeed_accelerator
+    from hybridpar.compat.cpu import enter_strict_device_mode, import_libraries_uncompiled, name_deepspeed_accelerator
 
     enter_strict_device_mode()
     name_deepspeed_accelerator()
+    import_libraries_uncompiled()
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "nccl":
         for key, value in GPU_ENV.items():
