@@ -187,7 +187,7 @@ def import_libraries_uncompiled() -> None:
 
     Both wrap functions in ``torch.compile`` where they define them (megatron/core/jit.py's
     ``jit_fuser`` on every fused function; DeepSpeed's Muon kernels), which loads torch's compiler
-    stack (inductor, its lowerings and code generators): about 1.3 s of CPU per rank. The runtime
+    stack (inductor, its lowerings and code generators): about 2 s of CPU per rank. The runtime
     calls none of them: every megatron fusion is off (runtime/model.py) and the optimizer is AdamW.
     For the length of these imports ``torch.compile`` returns what it is given, so those names stay
     plain functions, which would compute the same thing eagerly. On GPU nothing changes."""
