@@ -24,8 +24,8 @@ from .flops import causal_attention_flops, model_flops_per_seq
 from .hardware import GPU, get_gpu
 from .kernels import (ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, attention_shape_factor, gemm_fwd_bwd, gemm_time,
                       hbm_time, kernel_bound)
-from .links import (allreduce_time, dp_link_gbps, dp_ranks_per_node, group_nodes, link_time, nccl_latency,
-                    pp_crosses_nodes, sm_contention)
+from .links import (allreduce_time, collective_time, dp_link_gbps, dp_ranks_per_node, group_nodes, link_time,
+                    nccl_latency, pp_crosses_nodes, sm_contention)
 from .models import ModelSpec
 from .plan import Plan
 from .software import CROSS_ENTROPY_KERNELS, GRAD_BUCKET_NUMEL, HYBRIDPAR, Software
@@ -52,13 +52,14 @@ def _tp_bw(gpu: GPU, tp: int, gpus_per_node: int) -> float:
     return gpu.nvlink_gbps if tp <= gpus_per_node else gpu.network_gbps
 
 
-def _tp_call_latency(tp: int, sp: bool, gpus_per_node: int) -> float:
-    """Latency of one all-reduce equivalent of TP: an all-reduce, or with sequence parallelism an
-    all-gather and a reduce-scatter."""
-    nodes = group_nodes(tp, tp, gpus_per_node)
+def _tp_allreduce_equivalent(nbytes: float, gpu: GPU, tp: int, sp: bool, gpus_per_node: int) -> float:
+    """One all-reduce equivalent of TP over an activation of ``nbytes``: an all-reduce, or with sequence
+    parallelism an all-gather and a reduce-scatter of it (links.collective_time)."""
+    bw, nodes = _tp_bw(gpu, tp, gpus_per_node), group_nodes(tp, tp, gpus_per_node)
     if sp:
-        return 2 * nccl_latency(tp - 1, tp, nodes)
-    return nccl_latency(2 * (tp - 1), tp, nodes, allreduce=True)
+        return (collective_time("all-gather", nbytes, tp, nodes, bw, gpu)
+                + collective_time("reduce-scatter", nbytes, tp, nodes, bw, gpu))
+    return collective_time("all-reduce", nbytes, tp, nodes, bw, gpu)
 
 
 def _with_contention(comm: float, shown: float, gpu: GPU, nodes: int, compute: float = float("inf")) -> float:
@@ -141,8 +142,7 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         #     input re-all-gathered for the weight gradient (the forward's gather is not kept) and
         #     the input-gradient reduce-scatter (2 ar): 5 ar per layer, not 4.
         # Exposure: see software.Software.tp_bwd_overlap. Full recomputation repeats the forward's 2.
-        ar = link_time(2 * (tp - 1) / tp * tokens * h * 2, _tp_bw(gpu, tp, gpus_per_node)) + _tp_call_latency(
-            tp, sp, gpus_per_node)
+        ar = _tp_allreduce_equivalent(tokens * h * 2, gpu, tp, sp, gpus_per_node)
         tp_t = (2 + (2 if recompute == "full" else 0)) * ar
         nodes = group_nodes(tp, tp, gpus_per_node)
         for dgrad, wgrad in column:
@@ -157,8 +157,9 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         exchanges = 2 + (1 if recompute in ("full", "selective") else 0)
         kv_bytes = mb * seq * 2 * kv / tp * 2
         cp_bw = gpu.nvlink_gbps if tp * cp <= gpus_per_node else gpu.network_gbps
-        calls = nccl_latency(cp - 1, cp, group_nodes(cp, tp * cp, gpus_per_node))
-        cp_t = exchanges * (link_time((cp - 1) / cp * kv_bytes, cp_bw) + calls)
+        cp_nodes = group_nodes(cp, tp * cp, gpus_per_node)
+        cp_t = ((exchanges - 1) * collective_time("all-gather", kv_bytes, cp, cp_nodes, cp_bw, gpu)
+                + collective_time("reduce-scatter", kv_bytes, cp, cp_nodes, cp_bw, gpu))
     return LayerTime(fwd, bwd, tp_t, cp_t)
 
 
@@ -187,8 +188,7 @@ def end_stage_tp_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: i
         return 0.0
     bw = _tp_bw(gpu, tp, gpus_per_node)
     nodes = group_nodes(tp, tp, gpus_per_node)
-    ring = 2 * (tp - 1) / tp
-    ar = link_time(ring * tokens * m.hidden * 2, bw) + _tp_call_latency(tp, sp, gpus_per_node)
+    ar = _tp_allreduce_equivalent(tokens * m.hidden * 2, gpu, tp, sp, gpus_per_node)
     t = ar if embedding else 0.0
     if output:
         in_bytes = 1 if precision == "fp8" else 2
@@ -200,7 +200,7 @@ def end_stage_tp_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: i
             t += ar / 2 + _hidden(ar / 2, dgrad, sw, gpu, nodes) + _hidden(ar / 2, wgrad, sw, gpu, nodes)
         else:
             t += _hidden(ar, wgrad, sw, gpu, nodes)
-        t += 3 * allreduce_time(tokens * 4, tp, nodes, bw)
+        t += 3 * allreduce_time(tokens * 4, tp, nodes, bw, gpu)
     return t
 
 
@@ -271,14 +271,17 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
     if d == 1:
         return 0.0
     bw = dp_link_gbps(plan, gpu, sw)
-    ring = (d - 1) / d
     # one reduce-scatter and one all-gather call per gradient bucket
     # megatron-core's bucket grows with DP (DistributedDataParallelConfig: max(40M, 1M x dp))
     bucket = GRAD_BUCKET_NUMEL if sw.zero2_reduce_once else max(GRAD_BUCKET_NUMEL, 1_000_000 * d)
     nodes = ceil(d / dp_ranks_per_node(plan, sw))
-    calls = ceil(n_params / bucket) * nccl_latency(d - 1, d, nodes)
-    grad = link_time(ring * n_params * (4 if sw.fp32_grads else 2), bw) + calls  # reduce-scatter
-    gather = link_time(ring * n_params * 2, bw) + calls  # all-gather of 16-bit weights
+    calls = ceil(n_params / bucket)
+
+    def bucketed(op: str, bytes_per_param: int) -> float:
+        return calls * collective_time(op, n_params / calls * bytes_per_param, d, nodes, bw, gpu)
+
+    grad = bucketed("reduce-scatter", 4 if sw.fp32_grads else 2)
+    gather = bucketed("all-gather", 2)  # 16-bit weights
 
     def exposed(t: float, behind: float, on: bool) -> float:
         """Bucket by bucket behind ``behind`` seconds of compute, except one bucket (the first

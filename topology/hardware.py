@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from .collectives import TABLES
 from .spec_files import names_a_file, read_mapping
 
 GIB = 1024**3
@@ -49,6 +50,10 @@ class GPU:
     # of its burst rate; memory-bound kernels do not depend on the SM clock. 1.0 where no
     # measurement exists.
     sustained_clock: float = 1.0
+    # A table of NCCL collectives measured on this GPU's NVLink node (a key of collectives.TABLES): what
+    # collectives inside one node take, by operation, group size and bytes (links.collective_time). None:
+    # NCCL's latency model and LINK_EFFICIENCY of nvlink_gbps.
+    nvlink_collectives: str | None = None
 
     def peak_tflops(self, precision: str) -> float:
         if precision == "fp8":
@@ -89,9 +94,11 @@ _A100 = dict(bf16_tflops=312.0, fp8_tflops=None, nvlink_gbps=300.0, network_gbps
 # FlashAttention on H100: FA2 reaches ~35-40% of peak, FA3 ~75% (Shah et al. 2024) [S]: 0.5 assumed.
 # Host link (H100, and H200/H800 SXM, which share the board interface): PCIe Gen5 x16, 128 GB/s
 # bidirectional = 64 per direction (NVIDIA H100/H200 SXM datasheets) [S].
+# Collectives inside a node: OpenXLA's table measured on 8 compute-capability-9.0 GPUs, NVLink 4 through
+# NVSwitch (topology/collectives.py) [V]; H800, whose NVLink is cut, keeps the model.
 _H100 = dict(bf16_tflops=989.0, fp8_tflops=1979.0, nvlink_gbps=450.0, network_gbps=50.0,
              gpus_per_node=8, sms=132, gemm_fraction=0.801, attention_fraction=0.5, host_link_gbps=64.0,
-             sustained_clock=round(698.6 / 823.9, 3))
+             sustained_clock=round(698.6 / 823.9, 3), nvlink_collectives="h100-nvlink4")
 
 # B200 (HGX, 1,000 W): 2,250 dense bf16, 4,500 dense fp8 TFLOP/s; HBM3e at 8 TB/s; NVLink 5
 # 1.8 TB/s per GPU bidirectional = 900 per direction (glennklockwood.com B200 notes; Vultr HGX B200
@@ -115,7 +122,7 @@ CATALOGUE: dict[str, GPU] = {
     # = 200 per direction [S]; DeepSeek-V3 §3.2.2 measures 160 GB/s NVLink (= 0.8 x 200, cf.
     # LINK_EFFICIENCY in cost.py) and 50 GB/s InfiniBand per GPU [V].
     "h800-80gb": GPU("h800-80gb", memory_gib=79.6, hbm_tbps=3.35,
-                     **{**_H100, "nvlink_gbps": 200.0, "network_gbps": 50.0}),
+                     **{**_H100, "nvlink_gbps": 200.0, "network_gbps": 50.0, "nvlink_collectives": None}),
     # H200: GH100 compute as H100 (989 / 1979 dense), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s
     # bidirectional, 700 W (formulas.md §7) [S]; nvidia-smi shows 143,771 MiB [R].
     "h200-141gb": GPU("h200-141gb", memory_gib=140.4, hbm_tbps=4.8, **_H100),
@@ -180,6 +187,9 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
     values.setdefault("fp8_tflops", None)
     values.setdefault("host_link_gbps", DEFAULT_HOST_LINK_GBPS)
     values.setdefault("sustained_clock", 1.0)  # no measurement: burst rates
+    if "nvlink_gbps" in data and "nvlink_collectives" not in data:
+        values["nvlink_collectives"] = None  # the base's measured node had other links
+    values.setdefault("nvlink_collectives", None)
     missing = [k for k in _GPU_FIELDS if k not in values]
     if missing:
         raise HardwareError(f"{source}: missing GPU key(s) {', '.join(missing)} (or name a catalogue GPU as base)")
@@ -189,6 +199,11 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
                 raise HardwareError(f"{source}: name must be a non-empty string, got {value!r}")
             continue
         if key == "fp8_tflops" and value is None:
+            continue
+        if key == "nvlink_collectives":
+            if value is not None and value not in TABLES:
+                raise HardwareError(f"{source}: nvlink_collectives must name a measured table ({', '.join(TABLES)}) "
+                                    f"or be null, got {value!r}")
             continue
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if key in _COUNTS:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from math import ceil
 
+from .collectives import measured_time
 from .hardware import GPU
 from .plan import Plan
 from .software import HYBRIDPAR, Software
@@ -56,11 +57,27 @@ def nccl_latency(steps: int, ranks: int, nodes: int, allreduce: bool = False) ->
     return lat * (NCCL_RING_PLATEAU if allreduce and nodes > 1 else 1.0)
 
 
-def allreduce_time(nbytes: float, ranks: int, nodes: int, gbps: float) -> float:
-    """One ring all-reduce of ``nbytes`` on each of ``ranks`` ranks over ``nodes`` nodes: each rank
-    moves 2(n-1)/n of them over its link, plus NCCL's latency for the 2(n-1) ring steps."""
-    return (link_time(2 * (ranks - 1) / ranks * nbytes, gbps)
-            + nccl_latency(2 * (ranks - 1), ranks, nodes, allreduce=True))
+def allreduce_time(nbytes: float, ranks: int, nodes: int, gbps: float, gpu: GPU | None = None) -> float:
+    """One all-reduce of ``nbytes`` on each of ``ranks`` ranks over ``nodes`` nodes (collective_time)."""
+    return collective_time("all-reduce", nbytes, ranks, nodes, gbps, gpu)
+
+
+def collective_time(op: str, nbytes: float, ranks: int, nodes: int, gbps: float, gpu: GPU | None = None) -> float:
+    """One NCCL ``op`` ("all-reduce", "all-gather", "reduce-scatter") of ``nbytes`` in nccl-tests'
+    convention (each rank's buffer; the gathered output; the input before scattering) over ``ranks``
+    ranks on ``nodes`` nodes, on links of ``gbps``. Inside one node of a GPU with a measured table
+    (GPU.nvlink_collectives, topology/collectives.py) for that group size: the measured time. Otherwise
+    the ring model: each rank moves (n-1)/n of the bytes over its link (2(n-1)/n for an all-reduce) at
+    LINK_EFFICIENCY, plus NCCL's latency for the ring's steps."""
+    if ranks <= 1:
+        return 0.0
+    if nodes == 1 and gpu is not None and gpu.nvlink_collectives:
+        measured = measured_time(gpu.nvlink_collectives, op, nbytes, ranks)
+        if measured is not None:
+            return measured
+    allreduce = op == "all-reduce"
+    steps = (2 if allreduce else 1) * (ranks - 1)
+    return link_time(steps / ranks * nbytes, gbps) + nccl_latency(steps, ranks, nodes, allreduce=allreduce)
 
 
 def group_nodes(ranks: int, span: int, gpus_per_node: int) -> int:
