@@ -25,7 +25,6 @@ from pathlib import Path
 DATA = Path(__file__).resolve().parent / "data"
 # Tables by name (hardware.GPU.nvlink_collectives names one): the node they were measured on.
 TABLES = {"h100-nvlink4": DATA / "nccl_nvlink_sm90.json"}
-OPERATIONS = ("all-reduce", "all-gather", "reduce-scatter")
 
 
 @lru_cache(maxsize=None)
@@ -41,10 +40,6 @@ def _curves(table: str) -> dict:
                 seconds[i] = min(seconds[i], seconds[i + 1])
             curves[op, int(ranks)] = ([math.log(b) for b, _ in rows], [math.log(s) for s in seconds])
     return curves
-
-
-def group_sizes(table: str, op: str) -> tuple[int, ...]:
-    return tuple(sorted(r for o, r in _curves(table) if o == op))
 
 
 def measured_time(table: str, op: str, nbytes: float, ranks: int) -> float | None:
