@@ -1,7 +1,7 @@
 """Shared pytest fixtures, and the strict device mode every rank of the suite runs in.
 
-``HYBRIDPAR_STRICT_DEVICE=1`` (hybridpar/compat/cpu.py): every rank the tests start, through torchrun,
-``hybridpar train --nproc`` or a one-process worker, computes on the CPU while tensors created
+``HYBRIDPAR_STRICT_DEVICE=1`` (hybridpar/compat/cpu.py): every rank the tests start, through hybridpar's
+CPU launcher (``hybridpar train --nproc``, multirank.py's workers), torchrun or a one-process worker, computes on the CPU while tensors created
 without a device land on ``meta``, so a missing ``device=`` fails here as it would on a GPU.
 """
 import os

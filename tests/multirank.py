@@ -1,4 +1,7 @@
-"""Starting a multi-rank test worker with torchrun and reading back what rank 0 wrote.
+"""Starting a multi-rank test worker and reading back what rank 0 wrote.
+
+The ranks are forked by hybridpar's CPU launcher (``python -m hybridpar.launch.forked``, what
+``torchrun --standalone`` does, with the libraries imported once: hybridpar/launch/forked.py).
 
 A worker (tests/workers/*.py) takes the path of a config.json, runs its scenarios on every
 rank, and rank 0 writes ``results.json`` into ``cfg["out"]`` (``workers/results_io.py``).
@@ -20,8 +23,8 @@ def run_worker(worker: str, nproc: int, cfg: dict, out: Path, timeout: int) -> d
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(dict(cfg, out=str(out))))
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           str(WORKERS / worker), str(out / "config.json")]
+    cmd = [sys.executable, "-m", "hybridpar.launch.forked", f"--nproc={nproc}", str(WORKERS / worker),
+           str(out / "config.json")]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return json.loads((out / "results.json").read_text())

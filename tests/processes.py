@@ -1,6 +1,6 @@
 """The processes of a run, read from /proc (Linux): a process's state and parent, a launcher's
-descendants, and the rank processes torch's elastic agent started (by the RANK in their environment,
-not by anything torch logs). Shared by tests/integration/test_orphans.py and test_rank_failure.py."""
+descendants, and its rank processes (by their name or the RANK in their environment, not by anything
+a launcher logs). Shared by tests/integration/test_orphans.py and test_rank_failure.py."""
 from __future__ import annotations
 
 import os
@@ -34,16 +34,20 @@ def descendants(root: int) -> set[int]:
 
 
 def rank_pids(launcher: int) -> dict[int, int]:
-    """{rank: pid} of the launcher's children that the elastic agent started as ranks (the agent runs
-    in the launcher's process and gives each rank TORCHELASTIC_RUN_ID and RANK)."""
+    """{rank: pid} of the launcher's children that are its ranks: on CPU forked and named
+    "hybridpar r<rank>" (hybridpar/launch/forked.py), else started by torch's elastic agent in the
+    launcher's process with TORCHELASTIC_RUN_ID and RANK in their environment."""
     ranks = {}
     for pid, ppid in _parents().items():
         if ppid != launcher:
             continue
         try:
+            name = Path(f"/proc/{pid}/comm").read_text().strip()
             env = dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in v)
         except OSError:
             continue
-        if "TORCHELASTIC_RUN_ID" in env and env.get("RANK", "").isdigit():
+        if name.startswith("hybridpar r") and name[len("hybridpar r"):].isdigit():
+            ranks[int(name[len("hybridpar r"):])] = pid
+        elif "TORCHELASTIC_RUN_ID" in env and env.get("RANK", "").isdigit():
             ranks[int(env["RANK"])] = pid
     return ranks

@@ -1,11 +1,12 @@
 """Ranks die with their launcher, however it dies (SIGKILL, the OOM killer, a lost terminal).
 
-torch's elastic agent (``hybridpar train --nproc``, torchrun, node_agent.py) starts each rank in a
-session of its own (``start_new_session``), so nothing that kills the agent abruptly reaches the
-ranks: they would train on, unsupervised, until killed by hand. A rank it started (it sets
-TORCHELASTIC_RUN_ID) therefore asks the kernel for SIGKILL when its parent, the agent, exits
-(Linux ``prctl(PR_SET_PDEATHSIG)``); elsewhere, or under a wrapper between agent and rank, a
-thread polls the agent's pid.
+torch's elastic agent (torchrun, node_agent.py, ``hybridpar train --nproc`` on GPU) starts each rank
+in a session of its own (``start_new_session``), and so does the CPU launcher that forks its ranks
+(forked.py), so nothing that kills the agent abruptly reaches the ranks: they would train on,
+unsupervised, until killed by hand. A rank one of them started (torch's sets TORCHELASTIC_RUN_ID,
+forked.py calls ``die_with`` itself) therefore asks the kernel for SIGKILL when its parent, the
+agent, exits (Linux ``prctl(PR_SET_PDEATHSIG)``); elsewhere, or under a wrapper between agent and
+rank, a thread polls the agent's pid.
 
 SIGKILL, not a signal to catch: the agent also hosts the ranks' TCP store, so a graceful stop
 could wait on a dead store or on a peer that died first; checkpoints are written
@@ -30,7 +31,11 @@ def die_with_launcher() -> None:
     if "TORCHELASTIC_RUN_ID" not in os.environ and TOLERANT_STORE not in os.environ:
         return  # not started by an agent of torch's or hybridpar's: SLURM's srun or a user's shell supervises it
     # Without LAUNCHER_PID (plain torchrun) the parent now is taken as the agent.
-    launcher = int(os.environ.get(LAUNCHER_PID) or os.getppid())
+    die_with(int(os.environ.get(LAUNCHER_PID) or os.getppid()))
+
+
+def die_with(launcher: int) -> None:
+    """SIGKILL this process when ``launcher`` exits (launch/forked.py's ranks call it directly)."""
     if os.getppid() == launcher and sys.platform.startswith("linux") and _parent_death_signal(signal.SIGKILL):
         if os.getppid() != launcher:  # the agent died before the kernel was asked to tell
             os.kill(os.getpid(), signal.SIGKILL)

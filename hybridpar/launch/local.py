@@ -4,7 +4,8 @@
   process is one rank of a job someone else started.
 - ``launch_local(nproc, argv)``: start ``nproc`` ranks on this machine with torch's elastic
   agent (what ``torchrun --standalone --nproc-per-node N`` does), each running
-  ``python -m hybridpar <argv>``; returns the job's exit code.
+  ``python -m hybridpar <argv>``; on CPU forked from this process instead (forked.py); returns
+  the job's exit code.
 - ``init_distributed()``: the world process group (NCCL on GPU, gloo on CPU); a world of one
   without a launcher gets a private local rendezvous. On GPU it first sets ``GPU_ENV``.
 """
@@ -97,7 +98,16 @@ FORWARDED_SIGNALS = "SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1"
 def launch_local(nproc: int, argv: list[str], stop_grace_s: int = 600) -> int:
     """Run ``python -m hybridpar <argv>`` on ``nproc`` local ranks; 0 when every rank succeeded.
     A signal to this process goes to the ranks, which get ``stop_grace_s`` to finish their step
-    and save before they are killed; then the code is 128 + the signal's number."""
+    and save before they are killed; then the code is 128 + the signal's number. On CPU the
+    ranks are forked from this process once it has imported the libraries, where it can (forked.py).
+    The launching process must have OMP_NUM_THREADS set (to 1) before it imports torch for that."""
+    from hybridpar.compat.cpu import on_cpu
+
+    if on_cpu():
+        from hybridpar.launch.forked import can_fork, launch_forked
+
+        if can_fork():
+            return launch_forked(nproc, lambda: _cli_main(argv), stop_grace_s)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
@@ -127,6 +137,12 @@ def launch_local(nproc: int, argv: list[str], stop_grace_s: int = 600) -> int:
     finally:
         del os.environ[LAUNCHER_PID]
     return 0
+
+
+def _cli_main(argv: list[str]) -> int:
+    from hybridpar.cli.main import main
+
+    return main(argv)
 
 
 def root_cause(failures: dict) -> tuple:

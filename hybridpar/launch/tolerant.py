@@ -29,6 +29,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from hybridpar.cli.main import main as cli_main
+from hybridpar.launch.forked import FORWARDED, ForkedRank, can_fork, rank_name
 from hybridpar.launch.launcher_death import LAUNCHER_PID, TOLERANT_STORE
 
 STORE_ENV = TOLERANT_STORE  # host:port of the launcher's store, for the ranks
@@ -58,6 +60,19 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _host_store(port: int) -> int:
+    """The launcher's store, served from a process of its own until the launcher ends it (or dies).
+    It ignores the signals a terminal sends the job: the ranks stopping on them still need it."""
+    from torch.distributed import TCPStore
+
+    for sig in FORWARDED:
+        signal.signal(sig, signal.SIG_IGN)
+
+    _store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    while True:
+        time.sleep(3600)
+
+
 def replica_of(member: int, replica_size: int) -> int:
     return member // replica_size
 
@@ -76,10 +91,19 @@ class TolerantLauncher:
                  stop_grace_s: int = 600):
         from torch.distributed import TCPStore
 
+        from hybridpar.compat.cpu import on_cpu
+
         self.nproc, self.argv, self.replica_size = nproc, argv, replica_size
         self.rejoin_after_s, self.stop_grace_s = rejoin_after_s, stop_grace_s
         self.port = _free_port()
-        self.store = TCPStore("127.0.0.1", self.port, is_master=True, wait_for_workers=False)
+        self.fork = on_cpu() and can_fork()  # CPU: the ranks are forked from here (launch/forked.py)
+        self.store_host = None
+        if self.fork:
+            # The store's server thread must not be in this process when it forks a rank: a lock
+            # it held at that moment would stay held in the rank forever (seen: a rank hung at start).
+            self.store_host = ForkedRank(lambda: _host_store(self.port), dict(os.environ), "hybridpar store",
+                                         new_session=False)
+        self.store = TCPStore("127.0.0.1", self.port, is_master=not self.fork, wait_for_workers=False)
         self.procs: dict[int, subprocess.Popen] = {}
         self.generation = Generation(0, list(range(nproc)))
         self.pending_rejoin: dict[int, float] = {}  # replica -> when to start it again
@@ -95,7 +119,11 @@ class TolerantLauncher:
         return env
 
     def _start(self, member: int) -> None:
-        self.procs[member] = subprocess.Popen([sys.executable, "-m", "hybridpar", *self.argv], env=self._env(member))
+        if self.fork:  # CPU: see launch/forked.py
+            self.procs[member] = ForkedRank(lambda: cli_main(self.argv), self._env(member), rank_name(member),
+                                            new_session=False)
+        else:
+            self.procs[member] = subprocess.Popen([sys.executable, "-m", "hybridpar", *self.argv], env=self._env(member))
 
     def run(self) -> int:
         publish(self.store, self.generation)
@@ -110,6 +138,9 @@ class TolerantLauncher:
             for proc in self.procs.values():
                 if proc.poll() is None:
                     proc.kill()
+            if self.store_host is not None:
+                self.store_host.kill()
+                self.store_host.wait()
 
     def _on_signal(self, signum, frame) -> None:
         """Passed on to the ranks, which finish their step, save and stop (reliability/stopping.py)."""

@@ -1,6 +1,6 @@
 """No orphans (issue 16 §3): ranks end when their launcher dies, however it dies.
 
-torch's agent starts every rank in a session of its own, so a SIGKILLed launcher (OOM killer)
+torch's agent and the CPU launcher start every rank in a session of its own, so a SIGKILLed launcher (OOM killer)
 used to leave its 8 ranks training for minutes. hybridpar/launch/launcher_death.py asks the kernel for
 SIGKILL when the parent dies. One 8-rank launch, which also checks that a warm-up longer than the
 run is said once, by the launching process, not by its ranks.
@@ -75,7 +75,7 @@ def test_without_an_elastic_agent_nothing_changes():
     assert rank.communicate(timeout=60)[0] == "ran on\n" and rank.returncode == 0
 
 
-@pytest.mark.parametrize("extra", [[], ["--tolerate-replica-loss"]], ids=["elastic-agent", "tolerant-launcher"])
+@pytest.mark.parametrize("extra", [[], ["--tolerate-replica-loss"]], ids=["local-launcher", "tolerant-launcher"])
 def test_sigkilled_launcher_leaves_no_rank(tmp_path, extra):
     recipe = tmp_path / "long-warmup.yaml"
     recipe.write_text((ROOT / "recipes" / "tiny.yaml").read_text().replace("warmup_steps: 2", "warmup_steps: 1000000"))

@@ -143,6 +143,10 @@ def run(args) -> int:
     if args.run_plan:  # a rank started by `hybridpar train --nproc`: the launcher resolved and claimed the run
         code = _run_rank(RunPlan.load(args.run_plan), claimed=True, launched=True)
         exit_rank(code)
+    if args.nproc is not None and args.nproc > 1:
+        # what torchrun gives its ranks; set before prepare() imports torch, so that on CPU this
+        # process starts no OpenMP workers and can fork the ranks (launch/forked.py)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     run = prepare(args)
     if under_launcher():  # a rank under torchrun or SLURM: rank 0 claims the run for all
         return _run_rank(run, claimed=False, launched=True, overwrite=args.overwrite)
