@@ -26,7 +26,6 @@ import importlib
 import os
 import runpy
 import signal
-import socket
 import sys
 import time
 import traceback
@@ -156,11 +155,6 @@ def rank_name(rank: int) -> str:
     return f"hybridpar r{rank}"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def rank_env(rank: int, nproc: int, port: int) -> dict:
     """What torch's agent gives a rank of a standalone launch (rank 0 hosts the store here)."""
@@ -185,11 +179,11 @@ def launch_forked(nproc: int, target: Callable[[], int], stop_grace_s: int = 600
     process goes to the ranks, which get ``stop_grace_s`` to finish their step and save before they
     are killed; then the code is 128 + the signal's number. A rank that fails stops the others
     (SIGTERM) and one line names it; the code is its exit code (1 for a signal)."""
-    from hybridpar.launch.local import failure_summary, root_cause
+    from hybridpar.launch.local import failure_summary, free_port, root_cause
 
     preload()
     _assert_one_thread()
-    port = _free_port()
+    port = free_port()
     ranks = {rank: ForkedRank(target, rank_env(rank, nproc, port), rank_name(rank)) for rank in range(nproc)}
     signalled: list[int] = []
 

@@ -37,7 +37,7 @@ def launcher_world_size() -> int | None:
     return int(os.environ["WORLD_SIZE"]) if under_launcher() else None
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -50,7 +50,7 @@ def init_distributed(timeout_s: int = 600) -> None:
     if dist.is_initialized():
         return
     if not under_launcher():
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_free_port()))
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     from hybridpar.compat.cpu import enter_strict_device_mode, import_libraries_uncompiled, name_deepspeed_accelerator
 
     enter_strict_device_mode()

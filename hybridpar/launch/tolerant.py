@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from hybridpar.cli.main import main as cli_main
 from hybridpar.launch.forked import FORWARDED, ForkedRank, can_fork, rank_name
 from hybridpar.launch.launcher_death import LAUNCHER_PID, TOLERANT_STORE
+from hybridpar.launch.local import free_port
 
 STORE_ENV = TOLERANT_STORE  # host:port of the launcher's store, for the ranks
 MEMBER_ENV = "HYBRIDPAR_MEMBER"  # a rank's permanent member id
@@ -53,11 +53,6 @@ class Generation:
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _host_store(port: int) -> int:
@@ -95,7 +90,7 @@ class TolerantLauncher:
 
         self.nproc, self.argv, self.replica_size = nproc, argv, replica_size
         self.rejoin_after_s, self.stop_grace_s = rejoin_after_s, stop_grace_s
-        self.port = _free_port()
+        self.port = free_port()
         self.fork = on_cpu() and can_fork()  # CPU: the ranks are forked from here (launch/forked.py)
         self.store_host = None
         if self.fork:
