@@ -1,1 +1,1 @@
-"""Starting ranks: locally under torch's elastic agent, per node with torchrun (node_agent), and the torchrun/SLURM scripts."""
+"""Starting ranks: locally (torch's elastic agent, or forked on CPU), per node with torchrun (node_agent), and the torchrun/SLURM scripts."""

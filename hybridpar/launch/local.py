@@ -1,4 +1,4 @@
-"""Starting ranks: locally with torch's elastic launcher, or as one rank under a launcher.
+"""Starting ranks: locally with torch's elastic launcher (forked ones on CPU), or as one rank under a launcher.
 
 - ``under_launcher()``: RANK and WORLD_SIZE are set (torchrun, SLURM wrappers, ...): this
   process is one rank of a job someone else started.

@@ -29,7 +29,7 @@ STATUS = "status.json"
 def add_arguments(p):
     p.add_argument("--recipe", help="recipe YAML file (format: docs/training.md)")
     p.add_argument("--run-plan", help=argparse.SUPPRESS)  # what the launcher hands its local ranks
-    p.add_argument("--nproc", type=int, help="start this many local ranks (torch's elastic launcher)")
+    p.add_argument("--nproc", type=int, help="start this many local ranks (torch's elastic agent; on CPU forked from this process)")
     p.add_argument("--tp", type=int, help="tensor-parallel size (overrides the recipe)")
     p.add_argument("--cp", type=int, help="context-parallel size (each sequence split over cp ranks)")
     p.add_argument("--pp", type=int, help="pipeline-parallel size")
