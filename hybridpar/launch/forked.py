@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from hybridpar.launch.launcher_death import LAUNCHER_PID, die_with
+from hybridpar.launch.local import FORWARDED_SIGNALS, failure_summary, free_port, root_cause
 
 # What every rank imports; the first three are most of a rank's start-up.
 RANK_MODULES = ("torch", "megatron.core", "deepspeed", "hybridpar.runtime.loop", "hybridpar.runtime.job",
@@ -41,7 +42,7 @@ RANK_MODULES = ("torch", "megatron.core", "deepspeed", "hybridpar.runtime.loop",
 POLL_S = 0.1
 FAILURE_GRACE_S = 30  # torch's agent's default: after a failure, the others get this long to stop
 PR_SET_NAME = 15  # <linux/prctl.h>
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1)
+FORWARDED = tuple(signal.Signals[name] for name in FORWARDED_SIGNALS.split(","))  # those torch's agent passes on
 
 
 def preload() -> None:
@@ -108,10 +109,15 @@ def _assert_one_thread() -> None:
 
 
 def can_fork() -> bool:
-    """Import what the ranks need (``preload``), and whether this process may now fork them: on Linux,
-    with no other thread running. torch imported with OMP_NUM_THREADS unset or above 1 starts OpenMP's
+    """On CPU, import what the ranks need (``preload``), and whether this process may now fork them:
+    on Linux, with no other thread running. torch imported with OMP_NUM_THREADS unset or above 1 starts OpenMP's
     workers, whose state a forked rank would inherit half-made; then the ranks are spawned instead."""
     if not hasattr(os, "fork") or not os.path.isdir("/proc/self/task"):
+        return False
+    os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch's import (on_cpu imports it)
+    from hybridpar.compat.cpu import on_cpu
+
+    if not on_cpu():
         return False
     preload()
     return _threads() == 1
@@ -155,12 +161,11 @@ def rank_name(rank: int) -> str:
     return f"hybridpar r{rank}"
 
 
-
 def rank_env(rank: int, nproc: int, port: int) -> dict:
     """What torch's agent gives a rank of a standalone launch (rank 0 hosts the store here)."""
     return dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
                 GROUP_RANK="0", ROLE_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
-                OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), **{LAUNCHER_PID: str(os.getpid())})
+                **{LAUNCHER_PID: str(os.getpid())})
 
 
 @dataclass
@@ -179,10 +184,7 @@ def launch_forked(nproc: int, target: Callable[[], int], stop_grace_s: int = 600
     process goes to the ranks, which get ``stop_grace_s`` to finish their step and save before they
     are killed; then the code is 128 + the signal's number. A rank that fails stops the others
     (SIGTERM) and one line names it; the code is its exit code (1 for a signal)."""
-    from hybridpar.launch.local import failure_summary, free_port, root_cause
-
     preload()
-    _assert_one_thread()
     port = free_port()
     ranks = {rank: ForkedRank(target, rank_env(rank, nproc, port), rank_name(rank)) for rank in range(nproc)}
     signalled: list[int] = []

@@ -101,13 +101,10 @@ def launch_local(nproc: int, argv: list[str], stop_grace_s: int = 600) -> int:
     and save before they are killed; then the code is 128 + the signal's number. On CPU the
     ranks are forked from this process once it has imported the libraries, where it can (forked.py).
     The launching process must have OMP_NUM_THREADS set (to 1) before it imports torch for that."""
-    from hybridpar.compat.cpu import on_cpu
+    from hybridpar.launch.forked import can_fork, launch_forked
 
-    if on_cpu():
-        from hybridpar.launch.forked import can_fork, launch_forked
-
-        if can_fork():
-            return launch_forked(nproc, lambda: _cli_main(argv), stop_grace_s)
+    if can_fork():
+        return launch_forked(nproc, lambda: _cli_main(argv), stop_grace_s)
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch

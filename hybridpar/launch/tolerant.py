@@ -54,7 +54,6 @@ class Generation:
         return json.dumps(self.__dict__, sort_keys=True)
 
 
-
 def _host_store(port: int) -> int:
     """The launcher's store, served from a process of its own until the launcher ends it (or dies).
     It ignores the signals a terminal sends the job: the ranks stopping on them still need it."""
@@ -86,12 +85,10 @@ class TolerantLauncher:
                  stop_grace_s: int = 600):
         from torch.distributed import TCPStore
 
-        from hybridpar.compat.cpu import on_cpu
-
         self.nproc, self.argv, self.replica_size = nproc, argv, replica_size
         self.rejoin_after_s, self.stop_grace_s = rejoin_after_s, stop_grace_s
         self.port = free_port()
-        self.fork = on_cpu() and can_fork()  # CPU: the ranks are forked from here (launch/forked.py)
+        self.fork = can_fork()  # CPU: the ranks are forked from here (launch/forked.py)
         self.store_host = None
         if self.fork:
             # The store's server thread must not be in this process when it forks a rank: a lock
@@ -99,7 +96,7 @@ class TolerantLauncher:
             self.store_host = ForkedRank(lambda: _host_store(self.port), dict(os.environ), "hybridpar store",
                                          new_session=False)
         self.store = TCPStore("127.0.0.1", self.port, is_master=not self.fork, wait_for_workers=False)
-        self.procs: dict[int, subprocess.Popen] = {}
+        self.procs: dict[int, subprocess.Popen | ForkedRank] = {}
         self.generation = Generation(0, list(range(nproc)))
         self.pending_rejoin: dict[int, float] = {}  # replica -> when to start it again
         self.signalled: int | None = None
