@@ -24,6 +24,8 @@ _LANGUAGE_MODULE = "megatron.core.models.common.language_module.language_module:
 _CPU_RNG = "hybridpar.compat.cpu forks the CPU generator in megatron's RNG tracker"
 _RECOMPUTE = "hybridpar.compat.cpu keeps recomputation off the CUDA generator"
 _SDPA = "hybridpar.runtime.attention's SDPA attention (a DotProductAttention) reads it"
+_STATE = "megatron.core.parallel_state"
+_FORGET = "hybridpar.runtime.mesh frees a left world's groups (destroy_model_parallel keeps it)"
 
 RELIES_ON = Reliance("megatron-core", ("0.16.1", "0.17"), (
     Internal(_RANDOM, "_CUDA_RNG_STATE_TRACKER", _CPU_RNG),
@@ -52,7 +54,24 @@ RELIES_ON = Reliance("megatron-core", ("0.16.1", "0.17"), (
              "hybridpar.zero.engine casts the tied embedding's two gradients to fp32 first", ASSIGNED),
     Internal(_LANGUAGE_MODULE, "shared_embedding",
              "hybridpar.runtime.model names and marks the last stage's copy of a tied embedding", ASSIGNED),
+    Internal(_STATE, "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP", _FORGET),
+    Internal(_STATE, "_INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO", _FORGET),
+    Internal("megatron.core.models.common.embeddings.rotary_pos_embedding:RotaryEmbedding.forward", "cache_clear",
+             _FORGET + "; its lru_cache holds every rotary embedding made"),
 ))
+
+
+def destroy_model_parallel() -> None:
+    """megatron's ``destroy_model_parallel``, the two group globals it leaves set, and the rotary
+    embeddings its ``lru_cache`` keeps (each holds its CP group): a group still referenced is never
+    freed, nor its communicator's threads and sockets."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    ps.destroy_model_parallel()
+    ps._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP = None
+    ps._INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO = None
+    RotaryEmbedding.forward.cache_clear()
 
 
 def install_cpu_rng_tracker() -> None:

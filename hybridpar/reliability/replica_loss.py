@@ -24,6 +24,7 @@ function of (seed, step): every step's rows are trained exactly once in the fina
 """
 from __future__ import annotations
 
+import gc
 import io
 import os
 import threading
@@ -121,6 +122,11 @@ class TolerantWorld:
         try:
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - aborted groups may already be gone
+            pass
+        # The abandoned job's engine and model hold its groups in reference cycles: collect them
+        # now, or every world left keeps its gloo threads and sockets (3 threads per group). One
+        # pass can free what holds the next cycle (rank 0's was freed by the second).
+        while gc.collect():
             pass
         gen = self._wait_after(self.generation.number)
         if self.member not in gen.members:

@@ -154,14 +154,17 @@ class Job:
 
     def abandon(self) -> None:
         """Drop this job without a collective: its world lost a member (reliability/replica_loss.py)."""
-        self.engine = None
-        self._chunks = None
-        self.batches.close()
-        self.mesh.destroy()
+        self._drop()
 
     def close(self) -> None:
         if self.engine is not None:
             self.engine.sync_weights()  # no gather left in flight when the groups go
+        self._drop()
+
+    def _drop(self) -> None:
+        """Release the model, optimizer and groups, so that they can be freed."""
+        if self.engine is not None:
+            self.engine.release()
         self.engine = None
         self._chunks = None
         self.batches.close()

@@ -62,6 +62,8 @@ class Mesh:
     def build(cls, layout: RankLayout, vpp: int = 1) -> "Mesh":
         from megatron.core import parallel_state as ps
 
+        from hybridpar.compat import megatron as megatron_compat
+
         if not dist.is_initialized():
             raise MeshError("torch.distributed is not initialized; call hybridpar.launch.init_distributed() first")
         if dist.get_world_size() != layout.world_size:
@@ -69,7 +71,7 @@ class Mesh:
                 f"world size {dist.get_world_size()} != tp x cp x pp x dp = {layout.world_size}"
             )
         if ps.model_parallel_is_initialized():
-            ps.destroy_model_parallel()
+            megatron_compat.destroy_model_parallel()
         kwargs = dict(
             tensor_model_parallel_size=layout.tp,
             pipeline_model_parallel_size=layout.pp,
@@ -101,10 +103,12 @@ class Mesh:
         return mesh
 
     def destroy(self) -> None:
-        """Forget megatron's globals (the communicators stay with torch until shutdown)."""
-        from megatron.core import parallel_state as ps
+        """Forget megatron's globals and this mesh's groups: a group nobody holds is freed, and
+        with it its communicator's threads and buffers (a tolerant job makes a world per loss)."""
+        from hybridpar.compat import megatron as megatron_compat
 
-        ps.destroy_model_parallel()
+        megatron_compat.destroy_model_parallel()
+        self.groups.clear()
 
     # --- queries ------------------------------------------------------------------
     @property

@@ -333,6 +333,11 @@ class StageEngine:
         if self.param_gather is not None:
             self.param_gather.wait_all()
 
+    def release(self) -> None:
+        """Let the model and optimizer be freed once dropped (a job rebuilt in a new world)."""
+        if self.grad_sync is not None:
+            self.grad_sync.remove_hooks()
+
     def set_lr(self, lr: float) -> None:
         for group in self.engine.optimizer.param_groups:
             group["lr"] = lr

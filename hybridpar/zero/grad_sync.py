@@ -91,8 +91,15 @@ class OverlappedGradReduction:
         self.enabled = True  # megatron's schedule turns it off for all but a chunk's last micro-batch
         self.received: list = []
         self._reset()
-        for p in params:  # the hooks live as long as the parameters
-            p.register_post_accumulate_grad_hook(self._grad_ready)
+        # torch keeps a post-accumulate-grad hook out of the garbage collector's sight: the cycle
+        # parameter -> hook -> self -> parameter is never collected, so the hooks go in ``remove_hooks``.
+        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
+
+    def remove_hooks(self) -> None:
+        """Unhook the parameters: the last step of a model that is being dropped (it frees them)."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
 
     def _reset(self) -> None:
         self._ready = [set() for _ in self.buckets]

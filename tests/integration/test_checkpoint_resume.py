@@ -114,6 +114,14 @@ def test_resume_continues_exactly(runs, name):
     assert len(set(straight["losses"].values())) == 2 * N  # the steps did change the model
 
 
+def test_a_closed_job_frees_its_weights(runs):
+    """Job.close() unhooks the gradient reduction: torch hides those hooks from the garbage
+    collector, and a model dropped with them on was never freed (a tolerant run rebuilds its job
+    at every loss and rejoin)."""
+    freed = {name: r["model_freed"] for launch in runs[2:] for name, r in launch.items()}
+    assert len(freed) == 19 and all(freed.values()), freed
+
+
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_save_dir_holds_complete_checkpoints_only(runs, name):
     a, _, _, _ = runs

@@ -22,3 +22,6 @@ def test_buckets_are_issued_in_order_from_the_last_backward(tmp_path):
     # Two micro-batches accumulated: 1+1, 2+2, 3+3; the average over a world of one.
     assert r["grads"] == [[2.0] * 2, [4.0] * 3, [6.0] * 4]
     assert r["grads_are_views_of_the_reduced_buffer"] == [True] * 3  # fp32: no copy back
+    # torch hides the hooks from the garbage collector: a model dropped with its hooks on is
+    # never freed (a tolerant job rebuilds it at every loss and rejoin); unhooked, it is.
+    assert r["params_freed"] == {"hooked": False, "unhooked": True}

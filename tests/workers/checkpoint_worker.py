@@ -8,7 +8,8 @@ CONFIG: {"out": DIR, "jobs": [JOB, ...]}, each JOB:
   save right after loading, before training), save_dir + save_every (periodic saves),
   expect_error (load only, and report every rank's CheckpointError message).
 Each job builds a fresh Job (mesh, model, engine); rank 0 writes DIR/results.json:
-{name: {"losses": {step: loss}, "grad_norms": {...}, "resumed_from": step, "seconds": s}}.
+{name: {"losses": {step: loss}, "grad_norms": {...}, "resumed_from": step, "seconds": s,
+"model_freed": whether the job's weights were freed once it was closed and its groups destroyed}}.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import os
 import sys
 import time
 import warnings
+import weakref
 from dataclasses import replace
 
 warnings.filterwarnings("ignore")
@@ -56,6 +58,7 @@ def make_job(spec: dict) -> Job:
 
 def run_job(spec: dict) -> dict:
     job = make_job(spec)
+    spec["_a_weight"] = weakref.ref(next(job.chunks[0].parameters()))  # freed once the job is closed?
     first, resumed = spec.get("first", 1), None
     if spec.get("expect_error"):  # a damaged checkpoint: every rank must raise the same one-line error
         try:
@@ -92,6 +95,7 @@ def main():
         groups_before = groups_now()
         results[spec["name"]] = run_job(spec)
         destroy_groups_created_since(groups_before)  # process_groups.py: else each job slows the next
+        results[spec["name"]]["model_freed"] = spec.pop("_a_weight")() is None
         results[spec["name"]]["seconds"] = time.perf_counter() - start
         if dist.get_rank() == 0:
             print(f"job {spec['name']}: {time.perf_counter() - start:.1f} s", flush=True)

@@ -8,8 +8,10 @@ values are checked against the local sums (the average over a world of one).
 """
 from __future__ import annotations
 
+import gc
 import os
 import sys
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -54,7 +56,20 @@ def compute() -> dict:
     out["grads"] = [p.grad.tolist() for p in (a, b, c)]
     out["grads_are_views_of_the_reduced_buffer"] = [p.grad._base is not None for p in (a, b, c)]
     grad_sync.dist.all_reduce = real_all_reduce
+    out["params_freed"] = {"hooked": _freed_after_drop(remove_hooks=False), "unhooked": _freed_after_drop(remove_hooks=True)}
     return out
+
+
+def _freed_after_drop(remove_hooks: bool) -> bool:
+    """Whether a parameter under OverlappedGradReduction is freed once nothing of the model is held."""
+    p = torch.nn.Parameter(torch.ones(2))
+    sync = grad_sync.OverlappedGradReduction([p], dist.group.WORLD)
+    if remove_hooks:
+        sync.remove_hooks()
+    alive = weakref.ref(sync)
+    del p, sync
+    gc.collect()
+    return alive() is None
 
 
 if __name__ == "__main__":

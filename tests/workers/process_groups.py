@@ -30,7 +30,8 @@ def destroy_groups_created_since(before: set) -> int:
     count = len(created)
     while created:
         dist.destroy_process_group(created.pop())
-    gc.collect()  # the threads end with the group object, which the job's objects hold in cycles
+    while gc.collect():  # the threads end with the group object, which the job's objects hold in cycles
+        pass
     return count
 
 
