@@ -75,6 +75,8 @@ def one_repeat(args, work: Path) -> dict:
     since = int(resumed.group(1)) if resumed else 0
     second_steps = [r for r in _runs.metrics(work / "restart") if r["step"] > since]  # the second launch's
     killed_at = float(re.search(r"at unix time ([0-9.]+)", first.stderr).group(1))
+    rejoined = int(m.group(1)) if (m := re.search(r"after step (\d+)", join_line)) else None
+    killed_rows = _runs.metrics(work / "tolerant-killed")
     return {
         "plain_s": plain.wall_s, "tolerant_s": tolerant.wall_s, "tolerant_killed_s": killed.wall_s,
         "restart_s": first.wall_s + second.wall_s,
@@ -84,7 +86,10 @@ def one_repeat(args, work: Path) -> dict:
         "lost_restart_s": first.wall_s + second.wall_s - plain.wall_s,
         "pause_after_loss_s": float(re.search(r"begins ([0-9.]+) s after", lost_line).group(1)),
         "rejoin_pause_s": float(m.group(1)) if (m := re.search(r"\(([0-9.]+) s\)$", join_line)) else None,
-        "rejoined_after_step": int(m.group(1)) if (m := re.search(r"after step (\d+)", join_line)) else None,
+        "rejoined_after_step": rejoined,
+        # the killed run's steps before the loss and after the rejoin: the same world, before and after
+        "step_s_before_loss": _step_time([r for r in killed_rows if r["step"] < args.kill_step]),
+        "step_s_after_rejoin": _step_time([r for r in killed_rows if rejoined and r["step"] > rejoined]),
         "restart_resumed_from": since,
         "restart_steps_redone": args.kill_step - 1 - since,
         "restart_stop_s": first.ended - killed_at,  # from the SIGKILL to the job's end
@@ -123,7 +128,8 @@ def main(argv=None) -> int:
                "repeats": repeats, "work": str(work)}
     path = write_result(args.name, payload)
     print(f"failure_cost: time lost per failure, median of {args.repeats}: tolerant {lost_t:.1f} s "
-          f"(pause {medians['pause_after_loss_s']} s + rejoin {medians['rejoin_pause_s']} s), "
+          f"(pause {medians['pause_after_loss_s']} s + rejoin {medians['rejoin_pause_s']} s; steps "
+          f"{medians['step_s_before_loss']} s before the loss, {medians['step_s_after_rejoin']} s after the rejoin), "
           f"stop-and-restart {lost_r:.1f} s ({medians['restart_steps_redone']} steps redone); wrote {path}")
     return 0
 
