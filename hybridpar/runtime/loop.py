@@ -110,13 +110,17 @@ def train(run, hooks=(), print_fn=print, stop=None) -> TrainOutcome:
         except Exception as err:
             if tolerance is None or not (_lost_peer(err) or tolerance.world.left):
                 raise
-            job, step, line = tolerance.recover(job, build, run.plan, step)
-            _world_changed(hooks, job)
-            metrics_path = _open_metrics(run, step)
-            outcome.history = [h for h in outcome.history if h.step < step]
-            if dist.get_rank() == 0:
-                print_fn(f"hybridpar train: {line}; step {step} begins {time.monotonic() - last_end:.1f} s after "
-                         f"the last step ended")
+        else:
+            continue
+        # A peer was lost. Recovered outside the except block: the traceback's frames hold the old
+        # job, which is freed before the new one is built.
+        job, step, line = tolerance.recover(job, build, run.plan, step)
+        _world_changed(hooks, job)
+        metrics_path = _open_metrics(run, step)
+        outcome.history = [h for h in outcome.history if h.step < step]
+        if dist.get_rank() == 0:
+            print_fn(f"hybridpar train: {line}; step {step} begins {time.monotonic() - last_end:.1f} s after "
+                     f"the last step ended")
     job.close()
     return outcome
 

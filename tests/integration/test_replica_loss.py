@@ -18,7 +18,8 @@ A and D write none: they share B's restart, TP2 x DP3 from B's step-4 checkpoint
 ZeRO and fault-free until step 5; A and D equal B through step 4 is checked). After the rejoin A equals
 a 4-replica ZeRO-1 run resumed from that restart's state after step 8. Tolerances are those of the
 layout equivalence tests (tests/integration/test_runtime.py): 1e-5 on the loss, 1e-5 relative on
-the grad norm.
+the grad norm. While A and B run, every rank's thread count is sampled: a survivor never holds more
+after the loss than before it (the old world's groups and job are freed).
 """
 from __future__ import annotations
 
@@ -27,9 +28,11 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from processes import rank_pids
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 12
@@ -38,14 +41,32 @@ COMMON = ["--global-batch", "24", "--micro-batch", "2", "--steps", str(STEPS), "
 DP4 = ["--tp", "2", "--pp", "1", "--dp", "4"]
 
 
-def _train(out: Path, nproc: int, *flags: str, fault: str | None = None, code: int = 0) -> subprocess.CompletedProcess:
+def _train(out: Path, nproc: int, *flags: str, fault: str | None = None, code: int = 0,
+           threads: dict | None = None) -> subprocess.CompletedProcess:
+    """One run; with ``threads``, every rank's thread count sampled meanwhile ({member: [(t, n)]})."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     env.pop("HYBRIDPAR_FAULT", None)
     if fault:
         env["HYBRIDPAR_FAULT"] = fault
     cmd = [sys.executable, "-m", "hybridpar", "train", "--recipe", str(ROOT / "recipes" / "tiny.yaml"),
            "--nproc", str(nproc), *COMMON, "--out", str(out), *flags]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    logs = out.parent / f"{out.name}-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "stdout", "w") as stdout, open(logs / "stderr", "w") as stderr:
+        launcher = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=stdout, stderr=stderr, text=True)
+        deadline = time.monotonic() + 600
+        while launcher.poll() is None and time.monotonic() < deadline:
+            if threads is not None:
+                for member, pid in rank_pids(launcher.pid).items():  # a restarted member: its own pid, its own name
+                    try:
+                        threads.setdefault((member, pid), []).append((time.monotonic(), len(os.listdir(f"/proc/{pid}/task"))))
+                    except OSError:
+                        pass
+            time.sleep(0.1)
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait()
+    proc = subprocess.CompletedProcess(cmd, launcher.returncode, (logs / "stdout").read_text(), (logs / "stderr").read_text())
     assert proc.returncode == code, (proc.returncode, proc.stdout[-3000:], proc.stderr[-6000:])
     return proc
 
@@ -72,10 +93,11 @@ def _lines(text: str, start: str) -> list[str]:
 def runs(tmp_path_factory):
     base = tmp_path_factory.mktemp("replica_loss")
     out = {}
+    out["threads"] = {"A": {}, "B": {}}
     out["A"] = _train(base / "A", 8, *DP4, "--zero", "1", "--tolerate-replica-loss", "--rejoin-after-s", "0.5",
-                      fault="kill-after-step:rank=5:step=4;hold-for-rejoin:rank=0:step=8")
+                      fault="kill-after-step:rank=5:step=4;hold-for-rejoin:rank=0:step=8", threads=out["threads"]["A"])
     out["B"] = _train(base / "B", 8, *DP4, "--zero", "0", "--tolerate-replica-loss", "--save-every", "4", "--sync-save",
-                      fault="kill-in-step:rank=5:step=5")
+                      fault="kill-in-step:rank=5:step=5", threads=out["threads"]["B"])
     out["D"] = _train(base / "D", 8, *DP4, "--zero", "2", "--tolerate-replica-loss", "--no-save",
                       fault="kill-in-step:rank=5:step=5")
     out["C"] = _train(base / "C", 8, "--tp", "2", "--pp", "2", "--dp", "2", "--zero", "1", "--tolerate-replica-loss",
@@ -136,6 +158,23 @@ def test_a_restarted_replica_joins_from_its_peers_and_the_job_matches_four_repli
     assert "training on 4 replicas" in lines[0]
     _assert_equal(_metrics(base / "A"), _metrics(base / "DP4"), range(9, STEPS + 1))
     assert not (base / "A" / "ckpt").exists()  # nothing was read from or written to disk for it
+
+
+def test_a_world_left_is_freed_before_the_next_is_built(runs):
+    """After a loss (B) and after a loss and a rejoin (A), no survivor holds more threads than it
+    did in the first world: the old world's groups (3 gloo threads each) went with its job.
+    Before, the survivors of A ended with 153 threads against the newcomers' 57."""
+    _, out = runs
+    for name, samples in out["threads"].items():
+        killed = [series for (member, _), series in samples.items() if member == 5]
+        assert killed, (name, sorted(samples))
+        lost_at = killed[0][-1][0]  # the first rank 5's last sample: it died just after
+        survivors = [s for (member, _), s in samples.items() if member not in (4, 5)]
+        assert len(survivors) == 6, (name, sorted(samples))
+        for series in survivors:
+            before = max(n for t, n in series if t <= lost_at)
+            after = max(n for t, n in series if t > lost_at)
+            assert after <= before, (name, before, after)
 
 
 def test_a_loss_that_leaves_a_layout_that_cannot_train_ends_the_job_in_one_line(tmp_path):
