@@ -43,7 +43,7 @@ DP4 = ["--tp", "2", "--pp", "1", "--dp", "4"]
 
 def _train(out: Path, nproc: int, *flags: str, fault: str | None = None, code: int = 0,
            threads: dict | None = None) -> subprocess.CompletedProcess:
-    """One run; with ``threads``, every rank's thread count sampled meanwhile ({member: [(t, n)]})."""
+    """One run; with ``threads``, every rank's thread count sampled meanwhile ({(member, pid): [(t, n)]})."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(ROOT))
     env.pop("HYBRIDPAR_FAULT", None)
     if fault:

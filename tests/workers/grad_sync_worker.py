@@ -66,7 +66,7 @@ def _freed_after_drop(remove_hooks: bool) -> bool:
     sync = grad_sync.OverlappedGradReduction([p], dist.group.WORLD)
     if remove_hooks:
         sync.remove_hooks()
-    alive = weakref.ref(sync)
+    alive = weakref.ref(p)
     del p, sync
     gc.collect()
     return alive() is None
