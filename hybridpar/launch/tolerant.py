@@ -49,6 +49,7 @@ class Generation:
     lost: list = field(default_factory=list)  # member ids dropped from the previous generation
     joined: list = field(default_factory=list)  # member ids taken back in
     reason: str = ""
+    published: float = 0.0  # unix time the launcher published it (ranks share the launcher's clock)
 
     def to_json(self) -> str:
         return json.dumps(self.__dict__, sort_keys=True)
@@ -72,6 +73,7 @@ def replica_of(member: int, replica_size: int) -> int:
 
 
 def publish(store, gen: Generation) -> None:
+    gen.published = time.time()
     store.set(f"generation/{gen.number}", gen.to_json())
     store.set("generation/latest", str(gen.number))
 

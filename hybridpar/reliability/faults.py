@@ -7,6 +7,8 @@ The variable holds faults separated by ``;``, each ``KIND:key=value:key=value``:
 - ``kill-in-step:rank=R:step=K[:micro=M][:signal=SIGSTOP]``: global rank R sends itself SIGKILL
   (or the named signal: SIGSTOP makes a hung rank) during step K, right after the forward pass
   of its M-th micro-batch (default 1) on its first model chunk;
+- ``stall-in-step:rank=R:step=K:seconds=S[:micro=M]``: rank R sleeps S seconds where
+  ``kill-in-step`` would die, as a rank held by its host would, then goes on (once);
 - ``kill-after-step:rank=R:step=K``: rank R sends itself SIGKILL once step K is over (its
   metrics logged, the hooks before this one run: with ``--tolerate-replica-loss`` the in-memory
   state of step K is kept), before step K+1 begins;
@@ -39,7 +41,7 @@ from dataclasses import dataclass, field
 from hybridpar.errors import UsageError
 
 ENV = "HYBRIDPAR_FAULT"
-KINDS = ("kill-in-step", "kill-after-step", "hold-for-rejoin", "kill-in-save", "fail-in-save", "flip")
+KINDS = ("kill-in-step", "stall-in-step", "kill-after-step", "hold-for-rejoin", "kill-in-save", "fail-in-save", "flip")
 
 
 @dataclass(frozen=True)
@@ -69,6 +71,11 @@ def parse(text: str) -> list[Fault]:
             rank, step = int(values.pop("rank")), int(values.pop("step"))
         except (KeyError, ValueError):
             raise UsageError(f"{ENV}: {item!r} needs integer rank= and step=") from None
+        if kind == "stall-in-step":
+            try:
+                float(values["seconds"])
+            except (KeyError, ValueError):
+                raise UsageError(f"{ENV}: {item!r} needs seconds=S (how long the rank sleeps)") from None
         faults.append(Fault(kind, rank, step, values))
     return faults
 
@@ -113,7 +120,25 @@ class KillInStep:
         self.forwards += 1
         micro = self.fault.int_option("micro", 1)
         if self.step == self.fault.step and self.forwards == micro:
-            _die(f"step {self.step}, after the forward of micro-batch {micro}", self.fault.options.get("signal", "SIGKILL"))
+            self._act(f"step {self.step}, after the forward of micro-batch {micro}")
+
+    def _act(self, where: str) -> None:
+        _die(where, self.fault.options.get("signal", "SIGKILL"))
+
+
+class StallInStep(KillInStep):
+    """Sleeps S seconds after the forward of micro-batch M of step K, then goes on; once (a world
+    rebuilt after a loss runs step K again)."""
+
+    fired = False
+
+    def _act(self, where: str) -> None:
+        if self.fired:
+            return
+        self.fired = True
+        seconds = float(self.fault.options["seconds"])
+        _announce(f"{where}: sleeping {seconds:g} s")
+        time.sleep(seconds)
 
 
 class KillAfterStep:
@@ -216,7 +241,7 @@ class FlipBit:
         _announce(f"flipped bit {bit} of byte {byte} of {name} after step {metrics.step}")
 
 
-_HOOKS = {"kill-in-step": KillInStep, "kill-after-step": KillAfterStep, "hold-for-rejoin": HoldForRejoin, "kill-in-save": KillInSave, "fail-in-save": FailInSave, "flip": FlipBit}
+_HOOKS = {"kill-in-step": KillInStep, "stall-in-step": StallInStep, "kill-after-step": KillAfterStep, "hold-for-rejoin": HoldForRejoin, "kill-in-save": KillInSave, "fail-in-save": FailInSave, "flip": FlipBit}
 
 
 def hooks_from_env(environ=os.environ) -> list:

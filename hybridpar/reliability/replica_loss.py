@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import io
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -36,6 +37,11 @@ import torch.distributed as dist
 
 from hybridpar.launch.tolerant import MEMBER_ENV, STORE_ENV, Generation, read_generation
 
+# A survivor's operations in the old world end within the watchdog's poll (0.2 s) of a new
+# generation; one that ends later waited for something the shut-down connections did not end,
+# and the recovery line quotes its error.
+SLOW_LEAVE_S = 5.0
+LEAVE_ERROR_CHARS = 120
 KEEP = 2  # snapshots kept: the last step every rank finished may be the one before this rank's last
 
 
@@ -206,19 +212,31 @@ def _from_bytes(data: torch.Tensor):
     return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
 
 
-def _ring_exchange(obj, group, to_rank: int, from_rank: int, device) -> object:
-    """Send ``obj`` to global rank ``to_rank`` and receive one from ``from_rank`` (a DP ring)."""
+def _ring_exchange(obj, group, to_rank: int, from_rank: int, device, world: TolerantWorld) -> object:
+    """Send ``obj`` to global rank ``to_rank`` and receive one from ``from_rank`` (a DP ring).
+
+    Nothing is posted in a world already left: a gloo send posted on a pair whose socket was shut
+    down can wait for its peer's receive until the group's timeout (the world's, not the second
+    ``abort_world`` sets: point-to-point waits keep the timeout the group was made with), seen as
+    one survivor's recovery taking 60 s with ``--timeout-s 60``."""
     data = _to_bytes(obj)
     size_out = torch.tensor([data.numel()], dtype=torch.int64, device=device)
     size_in = torch.zeros(1, dtype=torch.int64, device=device)
+    _unless_left(world)
     for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, size_out, to_rank, group),
                                        dist.P2POp(dist.irecv, size_in, from_rank, group)]):
         req.wait()
     data_in = torch.empty(int(size_in.item()), dtype=torch.uint8, device=device)
+    _unless_left(world)
     for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, data.to(device), to_rank, group),
                                        dist.P2POp(dist.irecv, data_in, from_rank, group)]):
         req.wait()
     return _from_bytes(data_in.cpu())
+
+
+def _unless_left(world: TolerantWorld) -> None:
+    if world.left:
+        raise RuntimeError("this rank left its world (a replica was lost) before the snapshot exchange")
 
 
 class Snapshots:
@@ -249,7 +267,7 @@ class Snapshots:
         i = dp_group.index(mesh.rank)
         nxt, prev = dp_group[(i + 1) % len(dp_group)], dp_group[(i - 1) % len(dp_group)]
         got = _ring_exchange({"step": step, "member": me.member, "payload": payload, "index": index},
-                             mesh.group("dp"), nxt, prev, mesh.device)
+                             mesh.group("dp"), nxt, prev, mesh.device, self.world)
         copy = Snapshot(got["step"], got["member"], got["payload"], got["index"], metas)
         # both or neither: a step counts as kept once its copy has arrived as well
         self.own, self.copies = (self.own + [me])[-KEEP:], (self.copies + [copy])[-KEEP:]
@@ -326,6 +344,7 @@ class Tolerance:
         self.world, self.backend, self.rejoins = world(), backend, rejoins
         self.replica_size = plan.layout.model_parallel_size
         self.snapshots = Snapshots(self.world)
+        self.failure: tuple[float, int, str] | None = None  # set by failed(): (unix time, old rank, error)
 
     def joining(self) -> bool:
         """This process is a restarted replica's: it takes its state from its peers."""
@@ -348,8 +367,28 @@ class Tolerance:
         self.snapshots.forget()
         self.snapshots.take(job, step)  # the restored state, in the new layout: a second loss can start here
         line = (f"{describe_loss(gen, self.replica_size, step_in_flight, step)}; continuing on {layout.dp} replicas "
-                f"from the state after step {step}; recovered in {time.monotonic() - start:.1f} s")
+                f"from the state after step {step}; recovered in {time.monotonic() - start:.1f} s "
+                f"({self._last_to_leave(gen)})")
         return job, step + 1, line
+
+    def failed(self, err: BaseException) -> None:
+        """What ended this rank's step in the world it leaves: when, its rank there, and the
+        error's first line (text only: the exception's traceback would keep the old job alive)."""
+        text = str(err).strip()
+        first = re.sub(r"^\[[^\]]*\]\s*", "", text.splitlines()[0]) if text else type(err).__name__  # gloo's source location
+        self.failure = (time.time(), dist.get_rank(), first[:LEAVE_ERROR_CHARS])
+
+    def _last_to_leave(self, gen: Generation) -> str:
+        """Agreed over the new world: which survivor's operation in the old world ended last, how
+        long after the launcher published the loss, and, when that took longer than the watchdog
+        should (``SLOW_LEAVE_S``), the error that finally ended it."""
+        at, rank, error = self.failure or (time.time(), dist.get_rank(), "")
+        everyone = [None] * dist.get_world_size()
+        # A survivor that talked to the dead rank errs before the launcher notices the death: 0 s.
+        dist.all_gather_object(everyone, (max(0.0, at - gen.published), rank, error))
+        late, rank, error = max(everyone)
+        text = f"the last survivor left the old world {late:.1f} s after the launcher saw the loss: rank {rank}"
+        return f"{text}, {error}" if late > SLOW_LEAVE_S else text
 
     def someone_waits(self, job) -> bool:
         """Agreed over the world at a step boundary: a restarted replica waits to come in."""

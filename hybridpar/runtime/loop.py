@@ -110,6 +110,7 @@ def train(run, hooks=(), print_fn=print, stop=None) -> TrainOutcome:
         except Exception as err:
             if tolerance is None or not (_lost_peer(err) or tolerance.world.left):
                 raise
+            tolerance.failed(err)
         else:
             continue
         # A peer was lost. Recovered outside the except block: the traceback's frames hold the old

@@ -9,7 +9,9 @@ Three runs lose a replica to a real SIGKILL (faults from reliability/faults.py) 
 - C: TP2 x PP2 x DP2, ZeRO-1: rank 5 (replica 1's second pipeline stage) dies in step 4, after the
   forward of its second micro-batch, with activations in flight between the stages.
 - D: B's layout and fault with ZeRO-2: the survivors regroup DeepSpeed's ZeRO-2 optimizer shards
-  over 3 replicas instead of 4.
+  over 3 replicas instead of 4. Rank 2 (a survivor) sleeps 8 s in the same step, so it leaves the
+  old world last, long after the loss: the recovery line names it and quotes the error that ended
+  its step.
 
 Each finishes all 12 steps with exit 0 and each step logged once. After the loss each equals a
 run stopped at the last step the survivors kept and restarted from its checkpoint on the
@@ -34,9 +36,12 @@ from pathlib import Path
 import pytest
 from processes import rank_pids
 
+from hybridpar.reliability.replica_loss import SLOW_LEAVE_S
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 12
 TOL = 1e-5
+STALL_S = 8
 COMMON = ["--global-batch", "24", "--micro-batch", "2", "--steps", str(STEPS), "--timeout-s", "60", "--no-progress"]
 DP4 = ["--tp", "2", "--pp", "1", "--dp", "4"]
 
@@ -99,7 +104,7 @@ def runs(tmp_path_factory):
     out["B"] = _train(base / "B", 8, *DP4, "--zero", "0", "--tolerate-replica-loss", "--save-every", "4", "--sync-save",
                       fault="kill-in-step:rank=5:step=5", threads=out["threads"]["B"])
     out["D"] = _train(base / "D", 8, *DP4, "--zero", "2", "--tolerate-replica-loss", "--no-save",
-                      fault="kill-in-step:rank=5:step=5")
+                      fault=f"kill-in-step:rank=5:step=5;stall-in-step:rank=2:step=5:seconds={STALL_S}")
     out["C"] = _train(base / "C", 8, "--tp", "2", "--pp", "2", "--dp", "2", "--zero", "1", "--tolerate-replica-loss",
                       "--save-every", "3", "--sync-save", fault="kill-in-step:rank=5:step=4:micro=2")
     # the references: restarted from a checkpoint on the survivors (the LR schedule stays that of 12 steps)
@@ -136,6 +141,16 @@ def test_one_line_names_the_lost_replica_its_ranks_and_the_step(runs):
         gap = re.search(rf"step {next_step} begins ([0-9.]+) s after the last step ended", line)
         assert gap, line
         print(f"{name}: the gap between the last step before the loss and step {next_step}: {gap.group(1)} s")
+        last = re.search(r"the last survivor left the old world ([0-9.]+) s after the launcher saw the loss: "
+                         r"rank (\d+)(, .+)?\)", line)
+        assert last, line
+        late, rank, error = float(last.group(1)), int(last.group(2)), last.group(3)
+        first, last_lost = map(int, re.search(r"ranks (\d+)-(\d+)", lost).groups())
+        assert not first <= rank <= last_lost, line  # a survivor
+        if abs(late - SLOW_LEAVE_S) > 0.1:  # the line rounds to 0.1 s
+            assert (error is not None) == (late > SLOW_LEAVE_S), line  # a slow leave quotes its error
+        if name == "D":  # rank 2 slept in the step: it leaves last, its error quoted
+            assert rank == 2 and STALL_S - 2 < late < STALL_S + 5, line
 
 
 def test_survivors_train_like_a_restart_from_a_checkpoint_on_the_surviving_replicas(runs):

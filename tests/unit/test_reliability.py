@@ -50,7 +50,9 @@ def test_fault_specs_parse_and_bad_ones_are_one_line_errors():
     assert parse("kill-in-step:rank=5:step=3:micro=2; flip:rank=1:step=4") == [
         Fault("kill-in-step", 5, 3, {"micro": "2"}), Fault("flip", 1, 4, {})]
     assert parse("") == []
-    for bad in ("explode:rank=1:step=2", "flip:rank=1", "flip:rank=x:step=1", "flip:rank=1:step=2:bit"):
+    assert parse("stall-in-step:rank=2:step=5:seconds=8") == [Fault("stall-in-step", 2, 5, {"seconds": "8"})]
+    for bad in ("explode:rank=1:step=2", "flip:rank=1", "flip:rank=x:step=1", "flip:rank=1:step=2:bit",
+                "stall-in-step:rank=2:step=5", "stall-in-step:rank=2:step=5:seconds=long"):
         with pytest.raises(UsageError, match="HYBRIDPAR_FAULT"):
             parse(bad)
 
