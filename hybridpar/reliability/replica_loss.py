@@ -215,10 +215,10 @@ def _from_bytes(data: torch.Tensor):
 def _ring_exchange(obj, group, to_rank: int, from_rank: int, device, world: TolerantWorld) -> object:
     """Send ``obj`` to global rank ``to_rank`` and receive one from ``from_rank`` (a DP ring).
 
-    Nothing is posted in a world already left: a gloo send posted on a pair whose socket was shut
-    down can wait for its peer's receive until the group's timeout (the world's, not the second
-    ``abort_world`` sets: point-to-point waits keep the timeout the group was made with), seen as
-    one survivor's recovery taking 60 s with ``--timeout-s 60``."""
+    Nothing is posted in a world already left: a gloo send posted as the world was left (0.2 s
+    after the loss, by its timeout's end 60.2 s after it with ``--timeout-s 60``) waited for its
+    peer's receive for the group's whole timeout, not the second ``abort_world`` sets for later
+    operations, and the shut-down connections did not end it."""
     data = _to_bytes(obj)
     size_out = torch.tensor([data.numel()], dtype=torch.int64, device=device)
     size_in = torch.zeros(1, dtype=torch.int64, device=device)
