@@ -162,6 +162,35 @@ class TolerantWorld:
         self.store.set("join/requested", "1")
 
 
+def refuse_calls_in_a_left_world(tolerant_world: TolerantWorld) -> None:
+    """Every torch.distributed collective and point-to-point call raises at once, instead of being
+    posted, while this rank has left its world and not yet joined the next. On gloo an operation
+    posted on a connection ``abort_world`` shut down is not ended by it: it waits for its group's
+    timeout, which ``_set_pg_timeout`` does not shorten for operations that take the gloo context's
+    (the recovery line named such sends, posted 0.1 s after a loss, ending 60 s later with
+    ``--timeout-s 60``). A call already posted when the world is left is ended by the shutdown."""
+    from hybridpar.compat import torch as torch_compat
+    from hybridpar.observe.comm_trace import COLLECTIVES, P2P
+
+    for name in COLLECTIVES + P2P:
+        current = getattr(dist, name, None)
+        if current is not None and not getattr(current, "refuses_a_left_world", False):
+            torch_compat.replace_distributed_function(name, _refusing(current, tolerant_world))
+
+
+def _refusing(call, tolerant_world: TolerantWorld):
+    import functools
+
+    @functools.wraps(call)
+    def refusing(*args, **kwargs):
+        if tolerant_world.left:
+            raise RuntimeError(f"torch.distributed.{call.__name__} in a world this rank has left (a replica was lost)")
+        return call(*args, **kwargs)
+
+    refusing.refuses_a_left_world = True
+    return refusing
+
+
 def rendezvous_timeout_s(timeout_s: float) -> float:
     """How long a new world's members wait for each other. Longer than an operation's timeout: a
     survivor can stay in an operation of the world it left until that operation times out (seen
@@ -212,31 +241,19 @@ def _from_bytes(data: torch.Tensor):
     return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=True)
 
 
-def _ring_exchange(obj, group, to_rank: int, from_rank: int, device, world: TolerantWorld) -> object:
-    """Send ``obj`` to global rank ``to_rank`` and receive one from ``from_rank`` (a DP ring).
-
-    Nothing is posted in a world already left: a gloo send posted as the world was left (0.2 s
-    after the loss, by its timeout's end 60.2 s after it with ``--timeout-s 60``) waited for its
-    peer's receive for the group's whole timeout, not the second ``abort_world`` sets for later
-    operations, and the shut-down connections did not end it."""
+def _ring_exchange(obj, group, to_rank: int, from_rank: int, device) -> object:
+    """Send ``obj`` to global rank ``to_rank`` and receive one from ``from_rank`` (a DP ring)."""
     data = _to_bytes(obj)
     size_out = torch.tensor([data.numel()], dtype=torch.int64, device=device)
     size_in = torch.zeros(1, dtype=torch.int64, device=device)
-    _unless_left(world)
     for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, size_out, to_rank, group),
                                        dist.P2POp(dist.irecv, size_in, from_rank, group)]):
         req.wait()
     data_in = torch.empty(int(size_in.item()), dtype=torch.uint8, device=device)
-    _unless_left(world)
     for req in dist.batch_isend_irecv([dist.P2POp(dist.isend, data.to(device), to_rank, group),
                                        dist.P2POp(dist.irecv, data_in, from_rank, group)]):
         req.wait()
     return _from_bytes(data_in.cpu())
-
-
-def _unless_left(world: TolerantWorld) -> None:
-    if world.left:
-        raise RuntimeError("this rank left its world (a replica was lost) before the snapshot exchange")
 
 
 class Snapshots:
@@ -267,7 +284,7 @@ class Snapshots:
         i = dp_group.index(mesh.rank)
         nxt, prev = dp_group[(i + 1) % len(dp_group)], dp_group[(i - 1) % len(dp_group)]
         got = _ring_exchange({"step": step, "member": me.member, "payload": payload, "index": index},
-                             mesh.group("dp"), nxt, prev, mesh.device, self.world)
+                             mesh.group("dp"), nxt, prev, mesh.device)
         copy = Snapshot(got["step"], got["member"], got["payload"], got["index"], metas)
         # both or neither: a step counts as kept once its copy has arrived as well
         self.own, self.copies = (self.own + [me])[-KEEP:], (self.copies + [copy])[-KEEP:]
@@ -342,6 +359,7 @@ class Tolerance:
 
     def __init__(self, plan, backend: str, rejoins: bool):
         self.world, self.backend, self.rejoins = world(), backend, rejoins
+        refuse_calls_in_a_left_world(self.world)
         self.replica_size = plan.layout.model_parallel_size
         self.snapshots = Snapshots(self.world)
         self.failure: tuple[float, int, str] | None = None  # set by failed(): (unix time, old rank, error)
