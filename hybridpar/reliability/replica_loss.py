@@ -24,6 +24,7 @@ function of (seed, step): every step's rows are trained exactly once in the fina
 """
 from __future__ import annotations
 
+import functools
 import gc
 import io
 import os
@@ -168,7 +169,8 @@ def refuse_calls_in_a_left_world(tolerant_world: TolerantWorld) -> None:
     posted on a connection ``abort_world`` shut down is not ended by it: it waits for its group's
     timeout, which ``_set_pg_timeout`` does not shorten for operations that take the gloo context's
     (the recovery line named such sends, posted 0.1 s after a loss, ending 60 s later with
-    ``--timeout-s 60``). A call already posted when the world is left is ended by the shutdown."""
+    ``--timeout-s 60``). A send already posted when the world is left can wait as long: this
+    does not cover it (docs/training.md, "Limits")."""
     from hybridpar.compat import torch as torch_compat
     from hybridpar.observe.comm_trace import COLLECTIVES, P2P
 
@@ -179,8 +181,6 @@ def refuse_calls_in_a_left_world(tolerant_world: TolerantWorld) -> None:
 
 
 def _refusing(call, tolerant_world: TolerantWorld):
-    import functools
-
     @functools.wraps(call)
     def refusing(*args, **kwargs):
         if tolerant_world.left:
@@ -400,7 +400,7 @@ class Tolerance:
         """Agreed over the new world: which survivor's operation in the old world ended last, how
         long after the launcher published the loss, and, when that took longer than the watchdog
         should (``SLOW_LEAVE_S``), the error that finally ended it."""
-        at, rank, error = self.failure or (time.time(), dist.get_rank(), "")
+        at, rank, error = self.failure  # failed() runs before every recover()
         everyone = [None] * dist.get_world_size()
         # A survivor that talked to the dead rank errs before the launcher notices the death: 0 s.
         dist.all_gather_object(everyone, (max(0.0, at - gen.published), rank, error))
