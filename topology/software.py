@@ -324,7 +324,37 @@ DEEPSPEED_PIPE_ZERO1 = replace(_DEEPSPEED_PIPE, name="deepspeed-pipe-zero1",
                                label="DeepSpeed's pipeline engine with its ZeRO-1 optimizer (16-bit gradients)",
                                grad_accum_bytes_per_param=GRAD_ADD_16BIT, optimizer_temp_bytes_per_param=6)
 
+# PyTorch FSDP with flat parameters (torch 1.13-2.x FullyShardedDataParallel, FULL_SHARD; MosaicML's
+# llm-foundry through Composer): ZeRO-3 over the DP group, each wrapped block's parameters one FlatParameter,
+# gathered for its forward and again for its backward, its gradient reduce-scattered after every
+# micro-batch's backward (Composer accumulates without no_sync), both overlapped with compute. What a
+# micro-batch's backward does to every parameter's gradient beyond the GEMMs, in HBM bytes per parameter
+# of the gathered block [V]:
+# * the block's parameters are views of the gathered flat parameter (flat_param.py _get_unflat_views:
+#   tensor.split(flat_param._numels) then .view(shape)), so autograd's backward of that split concatenates
+#   every weight gradient into one flat gradient (split_with_sizes_backward: at::cat): read 2, write 2;
+# * _runtime_utils.py _post_backward_hook casts it to the reduce dtype when that differs from the compute
+#   dtype (flat_param.grad.to(handle._reduce_dtype)): read 2, write 4 with fp32 reduction;
+# * the default communication hook (algorithms/_comm_hooks/default_hooks.py reduce_scatter_hook) divides the
+#   unsharded gradient in place by the pre-divide factor before the reduce-scatter (grad.div_, a factor > 1
+#   for every group of 2 or more ranks): read and write it in the reduce dtype.
+# The cast and division run on FSDP's post-backward stream, beside the next block's backward; they are
+# charged as if on the compute stream (MosaicML's micro-batch sweep measures more than their sum per step
+# beyond the compute: docs/planner.md). The sharded gradient's post-divide, fp32 cast and accumulation
+# touch 1/dp of the bytes and are left out.
+FSDP_FLAT_GRAD_CAT = 4
+FSDP_CAST_TO_FP32 = 6
+# Composer's mixed-precision mode PURE reduces in bf16 (param, reduce and buffer dtypes bf16): the flat
+# gradient is not cast, and the division touches 2 + 2 bytes.
+PYTORCH_FSDP = replace(MEGATRON_CORE_BF16_GRADS, name="pytorch-fsdp", label="PyTorch FSDP (flat parameters, bf16 reduction)",
+                       zero_stages=(0, 2, 3), grad_accum_bytes_per_param=FSDP_FLAT_GRAD_CAT + 2 * 2)
+# Composer's DEFAULT mode reduces in fp32 (reduce_dtype float32): cast, then the division reads and writes 4 + 4.
+PYTORCH_FSDP_FP32_REDUCE = replace(MEGATRON_CORE, name="pytorch-fsdp-fp32-reduce",
+                                   label="PyTorch FSDP (flat parameters, fp32 reduction)", zero_stages=(0, 2, 3),
+                                   grad_accum_bytes_per_param=FSDP_FLAT_GRAD_CAT + FSDP_CAST_TO_FP32 + 2 * 4)
+
 # `hybridpar plan --software NAME`: plan for hybridpar's runtime (default) or evaluate a layout
 # under the stack a published run used.
 PROFILES = {sw.name: sw for sw in (HYBRIDPAR, MEGATRON_CORE, MEGATRON_CORE_BF16_GRADS, NEMO_DFA, MEGATRON_2021, MEGATRON_2022, MEGATRON_2021_TORCH_DDP,
-                                   DEEPSPEED_BF16_PIPE, DEEPSPEED_PIPE_ZERO1)}
+                                   DEEPSPEED_BF16_PIPE, DEEPSPEED_PIPE_ZERO1,
+                                   PYTORCH_FSDP, PYTORCH_FSDP_FP32_REDUCE)}

@@ -274,6 +274,28 @@ def test_unfused_gradient_accumulation_costs_its_bytes_every_micro_batch():
     assert 5.0 < expected < 6.5  # 4.0B parameters on an end stage, 128 micro-batches + 11 of fill and drain
 
 
+def test_fsdp_moves_each_gathered_gradient_through_hbm_every_micro_batch():
+    from hybridpar.topology.kernels import hbm_time
+    from hybridpar.topology.software import PROFILES, PYTORCH_FSDP, PYTORCH_FSDP_FP32_REDUCE
+    from hybridpar.topology.stages import params_per_rank, stages
+    # the flat gradient's concatenation (2 + 2) and in-place pre-division (2 + 2 in bf16); with fp32
+    # reduction a cast (2 + 4) and the division in fp32 (4 + 4)
+    assert (PYTORCH_FSDP.grad_accum_bytes_per_param, PYTORCH_FSDP_FP32_REDUCE.grad_accum_bytes_per_param) == (8, 18)
+    assert (PYTORCH_FSDP.fp32_grads, PYTORCH_FSDP_FP32_REDUCE.fp32_grads) == (False, True)
+    assert {PROFILES["pytorch-fsdp"], PROFILES["pytorch-fsdp-fp32-reduce"]} == {PYTORCH_FSDP, PYTORCH_FSDP_FP32_REDUCE}
+    # MPT-13B on one node of 8 A100 80GB, FULL_SHARD, micro-batch 2, 3 micro-batches per step
+    m = ModelSpec(40, 5120, 20480, 40, 40, 50368, "gelu", "mpt-13b", tied_embeddings=True)
+    plan = Plan(m, 2048, 48, tp=1, pp=1, dp=8, micro_batch=2, zero_stage=3, recompute="none", gpu="a100-80gb")
+    a100 = get_gpu("a100-80gb")
+    n_params = params_per_rank(plan, stages(plan)[0])
+    for sw in (PYTORCH_FSDP, PYTORCH_FSDP_FP32_REDUCE):
+        without = step_cost(plan, replace(sw, grad_accum_bytes_per_param=0), a100)
+        expected = plan.grad_accum * hbm_time(sw.grad_accum_bytes_per_param * n_params, a100)
+        assert step_cost(plan, sw, a100).compute_s - without.compute_s == pytest.approx(expected, rel=1e-6)
+    # 13B parameters x 8 bytes over 85% of 2.039 TB/s, three times: 0.18 s of a step near 5 s
+    assert 0.17 < plan.grad_accum * hbm_time(8 * n_params, a100) < 0.19
+
+
 def test_the_cross_entropy_costs_the_bytes_its_kernel_moves_over_the_vocabulary():
     from hybridpar.topology.kernels import hbm_time
     from hybridpar.topology.software import CROSS_ENTROPY_KERNELS
