@@ -90,7 +90,7 @@ class StageMemory:
     activations: float  # tensors the layers keep for backward, every in-flight micro-batch
     logits: float = 0.0  # last stage: the vocab-parallel cross-entropy's logits
     pipeline_buffers: float = 0.0  # send/receive buffers of pipeline parallelism
-    framework_buffers: float = 0.0  # ZeRO-3 gathers, gradient buckets, DeepSpeed's extra copies
+    framework_buffers: float = 0.0  # ZeRO-3 gathers, gradient buckets, FSDP's flat gradient of one layer
     optimizer_step_temp: float = 0.0  # the optimizer step's temporary beyond the activations it reuses
     cuda_context: float = 0.0  # CUDA context, cuBLAS/cuBLASLt workspaces
     nccl: float = 0.0  # NCCL buffers of the communicators the rank uses
@@ -223,7 +223,7 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMem
         pipe = 2 * message
         if sw.pipeline_output_buffers and not stage.has_output:
             pipe += min(chunks, plan.grad_accum) * tokens * m.hidden * 2
-    framework = 0.0
+    framework = sw.layer_grad_peak_bytes_per_param * layer_params_per_rank(plan)
     if plan.zero_stage >= 3:  # the gathered layer being computed and the one prefetched
         framework += 2 * 2 * layer_params_per_rank(plan)
     elif sw.zero2_reduce_once and plan.zero_group > 1:  # grad_sync.py's fp32 copy of one bucket

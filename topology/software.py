@@ -165,6 +165,11 @@ class Software:
     # and whether the pipeline keeps each in-flight micro-batch's stage output in a buffer of its own.
     optimizer_temp_bytes_per_param: int = 0
     pipeline_output_buffers: bool = False
+    # Bytes per parameter of one layer that the layer's weight gradient holds at once at the end of its
+    # backward, beyond the gradient buffers counted with the model states: PyTorch FSDP's flat gradient
+    # beside the views' gradients it concatenates (2 + 2), or, with fp32 reduction, the bf16 flat gradient
+    # beside its fp32 cast (2 + 4). 0: gradients land in their buffers (megatron-core, DeepSpeed).
+    layer_grad_peak_bytes_per_param: int = 0
     # The 16-bit .grad of every parameter stays allocated beside the fp32 accumulation buffer
     # (2 bytes per parameter more, not sharded): DeepSpeed's PipelineEngine with BF16_Optimizer frees
     # them only when the next backward starts (runtime/pipe/engine.py _exec_backward_pass:
@@ -347,11 +352,13 @@ FSDP_CAST_TO_FP32 = 6
 # Composer's mixed-precision mode PURE reduces in bf16 (param, reduce and buffer dtypes bf16): the flat
 # gradient is not cast, and the division touches 2 + 2 bytes.
 PYTORCH_FSDP = replace(MEGATRON_CORE_BF16_GRADS, name="pytorch-fsdp", label="PyTorch FSDP (flat parameters, bf16 reduction)",
-                       zero_stages=(0, 2, 3), grad_accum_bytes_per_param=FSDP_FLAT_GRAD_CAT + 2 * 2)
+                       zero_stages=(0, 2, 3), grad_accum_bytes_per_param=FSDP_FLAT_GRAD_CAT + 2 * 2,
+                       layer_grad_peak_bytes_per_param=2 + 2)
 # Composer's DEFAULT mode reduces in fp32 (reduce_dtype float32): cast, then the division reads and writes 4 + 4.
 PYTORCH_FSDP_FP32_REDUCE = replace(MEGATRON_CORE, name="pytorch-fsdp-fp32-reduce",
                                    label="PyTorch FSDP (flat parameters, fp32 reduction)", zero_stages=(0, 2, 3),
-                                   grad_accum_bytes_per_param=FSDP_FLAT_GRAD_CAT + FSDP_CAST_TO_FP32 + 2 * 4)
+                                   grad_accum_bytes_per_param=FSDP_FLAT_GRAD_CAT + FSDP_CAST_TO_FP32 + 2 * 4,
+                                   layer_grad_peak_bytes_per_param=2 + 4)
 
 # `hybridpar plan --software NAME`: plan for hybridpar's runtime (default) or evaluate a layout
 # under the stack a published run used.

@@ -143,6 +143,19 @@ def test_deepspeed_pipeline_keeps_each_in_flight_output():
     assert ds - mega == pytest.approx(12 * 4 * 2048 * 14336 * 2)  # 12 micro-batches in flight on stage 0
 
 
+def test_fsdp_holds_one_layers_flat_gradient_beside_what_it_concatenates():
+    from hybridpar.topology.software import PYTORCH_FSDP, PYTORCH_FSDP_FP32_REDUCE
+    from hybridpar.topology.stages import layer_params_per_rank
+    m = PRESETS["llama3-8b"]
+    plan = Plan(m, 4096, 64, tp=1, pp=1, dp=64, micro_batch=1, zero_stage=3, recompute="full")
+    stage = stages(plan)[0]
+    core = stage_memory(plan, stage, replace(PYTORCH_FSDP, layer_grad_peak_bytes_per_param=0)).framework_buffers
+    layer = layer_params_per_rank(plan)  # 218M parameters per Llama 3 8B layer
+    assert stage_memory(plan, stage, PYTORCH_FSDP).framework_buffers - core == pytest.approx(4 * layer)
+    assert stage_memory(plan, stage, PYTORCH_FSDP_FP32_REDUCE).framework_buffers - core == pytest.approx(6 * layer)
+    assert stage_memory(plan, stage, MEGATRON_CORE).framework_buffers == pytest.approx(core)  # the gathered layers only
+
+
 def test_the_optimizer_step_temporary_counts_only_beyond_the_activations_it_reuses():
     m = PRESETS["llama3-8b"]
     small = Plan(m, 128, 8, tp=1, pp=1, dp=8, zero_stage=1)  # tiny activations: the step's temporaries decide
