@@ -42,7 +42,7 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 12
 TOL = 1e-5
 STALL_S = 8
-COMMON = ["--global-batch", "24", "--micro-batch", "2", "--steps", str(STEPS), "--timeout-s", "60", "--no-progress"]
+COMMON = ["--global-batch", "24", "--micro-batch", "2", "--steps", str(STEPS), "--timeout-s", "30", "--no-progress"]
 DP4 = ["--tp", "2", "--pp", "1", "--dp", "4"]
 
 
