@@ -201,6 +201,8 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMem
                                                   sw.zero2_reduce_once, sw.optimizer_state_bytes_per_param)
     if sw.keeps_16bit_grads:
         grads += 2 * n
+    if sw.fp32_flat_shards and plan.zero_stage >= 3:
+        weights, grads = 0.0, 4 * n / plan.zero_group
 
     tokens = plan.micro_batch * plan.seq_len / plan.cp
     chunks = in_flight(plan, stage.rank)

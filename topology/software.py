@@ -170,6 +170,9 @@ class Software:
     # beside the views' gradients it concatenates (2 + 2), or, with fp32 reduction, the bf16 flat gradient
     # beside its fp32 cast (2 + 4). 0: gradients land in their buffers (megatron-core, DeepSpeed).
     layer_grad_peak_bytes_per_param: int = 0
+    # PyTorch FSDP's sharded state (software.PYTORCH_FSDP): at ZeRO-3 no 16-bit copy of the weights between
+    # gathers (the fp32 shard, counted with the optimizer state, is the weight), and the gradient shard in fp32.
+    fp32_flat_shards: bool = False
     # The 16-bit .grad of every parameter stays allocated beside the fp32 accumulation buffer
     # (2 bytes per parameter more, not sharded): DeepSpeed's PipelineEngine with BF16_Optimizer frees
     # them only when the next backward starts (runtime/pipe/engine.py _exec_backward_pass:
@@ -349,14 +352,26 @@ DEEPSPEED_PIPE_ZERO1 = replace(_DEEPSPEED_PIPE, name="deepspeed-pipe-zero1",
 # touch 1/dp of the bytes and are left out.
 FSDP_FLAT_GRAD_CAT = 4
 FSDP_CAST_TO_FP32 = 6
-# Composer's mixed-precision mode PURE reduces in bf16 (param, reduce and buffer dtypes bf16): the flat
-# gradient is not cast, and the division touches 2 + 2 bytes.
-PYTORCH_FSDP = replace(MEGATRON_CORE_BF16_GRADS, name="pytorch-fsdp", label="PyTorch FSDP (flat parameters, bf16 reduction)",
-                       zero_stages=(0, 2, 3), grad_accum_bytes_per_param=FSDP_FLAT_GRAD_CAT + 2 * 2,
+# Its state between gathers: each parameter's fp32 shard is the weight the optimizer steps (counted with the
+# optimizer state as its master copy) and is cast to 16 bits for each gather, so no 16-bit copy is kept at
+# ZeRO-3 (the gathered layers are counted with the framework buffers); the reduced gradient shard is cast to
+# the parameter's dtype, fp32, whatever the reduction's (_runtime_utils.py _cast_grad_to_param_dtype), and
+# Composer's DecoupledAdamW steps one flat shard at a time, so its temporaries are one block's shard, not
+# counted (fp32_flat_shards).
+# Only FULL_SHARD is modelled: without no_sync, NO_SHARD all-reduces and SHARD_GRAD_OP gathers again every
+# micro-batch, which the ZeRO-0/2 step costs do not describe.
+_PYTORCH_FSDP = replace(MEGATRON_CORE, zero_stages=(3,), optimizer_temp_bytes_per_param=0, fp32_flat_shards=True)
+# Reduction in bf16: Composer's PURE mode (param, reduce and buffer dtypes bf16), and its DEFAULT mode up to
+# Composer 0.16.3, which set param_dtype and buffer_dtype only, so that FSDP infers reduce_dtype = param_dtype
+# (flat_param.py _init_param_reduce_dtypes, "infer gradient reduction mixed precision"): the flat gradient
+# is not cast, and the division touches 2 + 2 bytes.
+PYTORCH_FSDP = replace(_PYTORCH_FSDP, name="pytorch-fsdp", label="PyTorch FSDP (flat parameters, bf16 reduction)",
+                       fp32_grads=False, grad_accum_bytes_per_param=FSDP_FLAT_GRAD_CAT + 2 * 2,
                        layer_grad_peak_bytes_per_param=2 + 2)
-# Composer's DEFAULT mode reduces in fp32 (reduce_dtype float32): cast, then the division reads and writes 4 + 4.
-PYTORCH_FSDP_FP32_REDUCE = replace(MEGATRON_CORE, name="pytorch-fsdp-fp32-reduce",
-                                   label="PyTorch FSDP (flat parameters, fp32 reduction)", zero_stages=(0, 2, 3),
+# Reduction in fp32 (MixedPrecision reduce_dtype float32; Composer's DEFAULT mode from 0.16.4, composer #2628):
+# the cast, then the division reads and writes 4 + 4.
+PYTORCH_FSDP_FP32_REDUCE = replace(_PYTORCH_FSDP, name="pytorch-fsdp-fp32-reduce",
+                                   label="PyTorch FSDP (flat parameters, fp32 reduction)", fp32_grads=True,
                                    grad_accum_bytes_per_param=FSDP_FLAT_GRAD_CAT + FSDP_CAST_TO_FP32 + 2 * 4,
                                    layer_grad_peak_bytes_per_param=2 + 4)
 

@@ -282,6 +282,7 @@ def test_fsdp_moves_each_gathered_gradient_through_hbm_every_micro_batch():
     # reduction a cast (2 + 4) and the division in fp32 (4 + 4)
     assert (PYTORCH_FSDP.grad_accum_bytes_per_param, PYTORCH_FSDP_FP32_REDUCE.grad_accum_bytes_per_param) == (8, 18)
     assert (PYTORCH_FSDP.fp32_grads, PYTORCH_FSDP_FP32_REDUCE.fp32_grads) == (False, True)
+    assert PYTORCH_FSDP.zero_stages == PYTORCH_FSDP_FP32_REDUCE.zero_stages == (3,)  # FULL_SHARD only
     assert {PROFILES["pytorch-fsdp"], PROFILES["pytorch-fsdp-fp32-reduce"]} == {PYTORCH_FSDP, PYTORCH_FSDP_FP32_REDUCE}
     # MPT-13B on one node of 8 A100 80GB, FULL_SHARD, micro-batch 2, 3 micro-batches per step
     m = ModelSpec(40, 5120, 20480, 40, 40, 50368, "gelu", "mpt-13b", tied_embeddings=True)

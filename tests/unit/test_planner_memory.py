@@ -154,6 +154,13 @@ def test_fsdp_holds_one_layers_flat_gradient_beside_what_it_concatenates():
     assert stage_memory(plan, stage, PYTORCH_FSDP).framework_buffers - core == pytest.approx(4 * layer)
     assert stage_memory(plan, stage, PYTORCH_FSDP_FP32_REDUCE).framework_buffers - core == pytest.approx(6 * layer)
     assert stage_memory(plan, stage, MEGATRON_CORE).framework_buffers == pytest.approx(core)  # the gathered layers only
+    # FSDP's state: no 16-bit weights between gathers, the gradient shard in fp32 whatever the reduction,
+    # the fp32 weight with the optimizer: 16 bytes per parameter over DP, as megatron-core's 2 + 2 + 12
+    n = params_per_rank(plan, stage)
+    for sw in (PYTORCH_FSDP, PYTORCH_FSDP_FP32_REDUCE):
+        mem = stage_memory(plan, stage, sw)
+        assert (mem.params, mem.grads, mem.optimizer) == (0.0, pytest.approx(4 * n / 64), pytest.approx(12 * n / 64))
+        assert mem.optimizer_step_temp == 0
 
 
 def test_the_optimizer_step_temporary_counts_only_beyond_the_activations_it_reuses():

@@ -59,7 +59,7 @@ def add_arguments(p):
     *older, last = [name for name in SOFTWARE if name not in ("hybridpar", "megatron-core")]
     p.add_argument("--software", choices=list(SOFTWARE), default="hybridpar",
                    help="the training software the plan is for (default hybridpar: its own runtime; "
-                   f"megatron-core; {', '.join(older)} and {last} to evaluate older published layouts)")
+                   f"megatron-core; {', '.join(older)} and {last} to evaluate published layouts on the stacks that ran them)")
     p.add_argument("--network-gbit", type=float,
                    help="scale-out network per GPU and direction, Gbit/s (default: the GPU's catalogue "
                    "node, 400 for H100/H200/H800, 200 for A100)")
