@@ -148,8 +148,11 @@ def search(req: Request, top: int = 5) -> SearchResult:
     zero = req.pins.get("zero_stage")
     if zero is not None and zero not in sw.zero_stages:
         others = [o.name for o in PROFILES.values() if zero in o.zero_stages]
-        raise PlanError(f"ZeRO-{zero} is not part of {sw.label} (it runs ZeRO "
-                        f"{', '.join(map(str, sw.zero_stages))}): pin one of those, or plan for "
+        if len(sw.zero_stages) == 1:
+            runs, pin = f"it runs ZeRO-{sw.zero_stages[0]} only", f"pin --zero {sw.zero_stages[0]}"
+        else:
+            runs, pin = f"it runs ZeRO {', '.join(map(str, sw.zero_stages))}", "pin one of those"
+        raise PlanError(f"ZeRO-{zero} is not part of {sw.label} ({runs}): {pin}, or plan for "
                         f"{' or '.join(others)} with --software")
     recompute = req.pins.get("recompute")
     if recompute is not None and recompute not in sw.recompute_modes:
@@ -231,10 +234,11 @@ def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, r
             return reject(batch_problem(req.global_batch, dp, mbs[0]))
         mbs = survivable
     # ZeRO shards over DP x CP (the CP ranks hold the same weights); with neither there is nothing to shard.
-    # A stack without ZeRO (Megatron-LM 2021) replicates the optimizer whatever DP is. (A pinned
-    # stage the software lacks was refused in search().)
+    # A stack without ZeRO (Megatron-LM 2021) replicates the optimizer whatever DP is; one that runs only
+    # ZeRO-3 (PyTorch FSDP's FULL_SHARD) runs it over a group of one. (A pinned stage the software lacks
+    # was refused in search().)
     sharded = [z for z in (1, 2, 3) if z in req.software.zero_stages] or [0]
-    zeros = _choices(req, "zero_stage", [0] if dp * cp == 1 else sharded)
+    zeros = _choices(req, "zero_stage", [0] if dp * cp == 1 and 0 in req.software.zero_stages else sharded)
     recomputes = _choices(req, "recompute", [r for r in RECOMPUTE_MODES if r in req.software.recompute_modes])
     best_miss = None
     found = False

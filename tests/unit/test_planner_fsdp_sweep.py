@@ -1,7 +1,8 @@
 """Where the FSDP rows' lean comes from: MosaicML's micro-batch sweep of MPT-7B and MPT-13B on one node of
 8 A100 80GB (PyTorch FSDP FULL_SHARD, MP mode DEFAULT, no activation checkpointing, gradient accumulation 2,
 sequences of 2,048), from a benchmarking branch of llm-foundry (commit beb8dee6922c5e31d27a24a713a1315b4013185d,
-scripts/train/benchmarking/larger_mb_1.md, October 2023; not merged, so not validation rows).
+scripts/train/benchmarking/larger_mb_1.md, committed 2023-10-03, before Composer 0.16.4 made DEFAULT reduce
+in fp32: a bf16 reduction, as the A100 80GB rows; not merged, so not validation rows).
 
 With the micro-batches per step fixed, the step time is a line in the tokens per step: its slope is the
 per-token compute, its intercept what every step pays whatever its micro-batch size (FSDP's gathers and

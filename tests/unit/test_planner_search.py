@@ -125,6 +125,18 @@ def test_hybridpar_plans_never_use_zero3():
     assert core.plans and core.plans[0].plan.zero_stage == 3
 
 
+def test_fsdp_plans_full_shard_only_even_without_dp():
+    """PyTorch FSDP's profiles model FULL_SHARD only: every plan is ZeRO-3, also where DP x CP = 1 (a group
+    of one), and a pinned ZeRO-2 is refused in one line that says which stage to pin."""
+    from hybridpar.topology.software import PYTORCH_FSDP
+
+    model = PRESETS["llama3-8b"]
+    res = search(Request(model, 8, 64, 8192, software=PYTORCH_FSDP, pins={"tp": 8, "pp": 1, "cp": 1}))
+    assert res.plans and all(e.plan.zero_stage == 3 and e.plan.dp == 1 for e in res.plans)
+    with pytest.raises(PlanError, match=r"\(it runs ZeRO-3 only\): pin --zero 3, or plan for"):
+        search(Request(model, 64, 64, 8192, software=PYTORCH_FSDP, pins={"zero_stage": 2}))
+
+
 def test_zero_shards_over_cp_ranks_when_there_is_no_dp():
     # 405B on 256 H100s: TP8 x PP16 x CP2 leaves DP = 1; ZeRO-1 shards the optimizer state over the
     # two CP ranks (which hold the same weights). With DP = CP = 1 nothing shards. (Before a layer's

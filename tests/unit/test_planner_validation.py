@@ -95,7 +95,7 @@ def test_issue_goal_median_error_within_10_percent():
 
 
 @pytest.mark.xfail(strict=True, reason="bias +7.0% over 99 runs: the FSDP rows (MosaicML, costed with "
-                                       "pytorch-fsdp) lean +10% and the A100 rows of the 2021-22 stacks +11% (docs/planner.md, "
+                                       "the pytorch-fsdp profiles) lean +10% and the A100 rows of the 2021-22 stacks +11% (docs/planner.md, "
                                        "what is missing)")
 def test_issue_goal_bias_within_5_percent():
     assert abs(validation.summary().signed_bias) <= 0.05
