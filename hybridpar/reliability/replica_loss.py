@@ -169,8 +169,9 @@ def refuse_calls_in_a_left_world(tolerant_world: TolerantWorld) -> None:
     posted on a connection ``abort_world`` shut down is not ended by it: it waits for its group's
     timeout, which ``_set_pg_timeout`` does not shorten for operations that take the gloo context's
     (the recovery line named such sends, posted 0.1 s after a loss, ending 60 s later with
-    ``--timeout-s 60``). A send already posted when the world is left can wait as long: this
-    does not cover it (docs/training.md, "Limits")."""
+    ``--timeout-s 60``). A send already posted when the world is left can wait as long: gloo's
+    TCP pair fails no unbound-buffer send left in its transmit queue when the connection fails
+    (docs/training.md, "Limits"); this does not cover it."""
     from hybridpar.compat import torch as torch_compat
     from hybridpar.observe.comm_trace import COLLECTIVES, P2P
 
