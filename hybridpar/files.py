@@ -22,6 +22,20 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def why_not_writable(directory: str) -> str | None:
+    """Why ``directory`` cannot be created or written, checked before anything is: a file where it
+    or an ancestor should be, or a nearest existing ancestor this process cannot write; None when
+    nothing says so (a read-only or pseudo filesystem shows only when a write is tried)."""
+    path = os.path.abspath(directory)
+    while not os.path.exists(path):
+        path = os.path.dirname(path)
+    if not os.path.isdir(path):
+        return f"{path} is a file"
+    if not os.access(path, os.W_OK | os.X_OK):
+        return f"{path} is not writable"
+    return None
+
+
 @contextmanager
 def replacing(target, mode: str = "w", permissions: int = 0o644, **open_kwargs):
     """A temp file beside ``target`` for the block to write; renamed over ``target`` only when the

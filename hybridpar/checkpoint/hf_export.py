@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass
 
 from hybridpar.errors import UsageError
+from hybridpar.files import why_not_writable
 from hybridpar.checkpoint.files import RUN_FILE, CheckpointError, read_manifest, resolve, verify
 from hybridpar.checkpoint.hf_layout import INDEX_FILE, SINGLE_FILE, CanonicalParam, canonical_layout, hf_config
 
@@ -40,6 +41,9 @@ class ExportConfig:
 def check_out_dir(out_dir: str, overwrite: bool) -> None:
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UsageError(f"{out_dir} exists and is not a directory")
+    why = why_not_writable(out_dir)
+    if why:
+        raise UsageError(f"cannot write OUT_DIR {out_dir} ({why}); choose a directory you can write")
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
         raise UsageError(f"{out_dir} exists and is not empty: choose another OUT_DIR or pass --overwrite")
 
@@ -146,9 +150,11 @@ def export_hf(cfg: ExportConfig, print_fn=print) -> str:
     from hybridpar.checkpoint.reshard import CheckpointReader  # torch: after every check of the input
 
     parent = os.path.dirname(os.path.abspath(cfg.out_dir))
-    os.makedirs(parent, exist_ok=True)
     tmp = os.path.join(parent, f".{os.path.basename(os.path.abspath(cfg.out_dir))}.tmp-{uuid.uuid4().hex[:8]}")
-    os.makedirs(tmp)
+    try:
+        os.makedirs(tmp)
+    except OSError as e:  # what check_out_dir cannot see: a read-only or pseudo filesystem
+        raise UsageError(f"cannot write OUT_DIR {cfg.out_dir} ({e.strerror or e}); choose a directory you can write") from None
     try:
         total = write_weights(CheckpointReader(step_dir, manifest), layout, tmp, cfg.dtype, cfg.max_shard_bytes)
         eos = write_tokenizer(tokenizer, tmp)

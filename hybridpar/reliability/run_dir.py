@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 
 from hybridpar.errors import UsageError
-from hybridpar.files import write_atomic
+from hybridpar.files import why_not_writable, write_atomic
 
 LOCK_NAME = ".hybridpar.lock"
 RUN_FILES = ("metrics.jsonl", "plan.json", "sample.txt")
@@ -78,10 +78,18 @@ class RunClaim:
         self._files.clear()
 
 
+def _unwritable(directory: str, why: str) -> UsageError:
+    return UsageError(f"cannot write the run directory {directory} ({why}); give --out / --save-dir a directory "
+                      f"you can write")
+
+
 def _lock(directory: str):
-    os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, LOCK_NAME)
-    f = open(path, "a+")
+    try:
+        os.makedirs(directory, exist_ok=True)
+        f = open(path, "a+")
+    except OSError as e:  # what why_not_writable cannot see: a read-only or pseudo filesystem
+        raise _unwritable(directory, e.strerror or str(e)) from None
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
@@ -100,6 +108,10 @@ def _lock(directory: str):
 def claim(dirs: RunDirs, resuming: bool, overwrite: bool) -> RunClaim:
     """Lock the run's directories, then make sure a fresh run starts on a clean slate."""
     held = RunClaim(dirs)
+    for directory in dirs.all():  # every one checked before any is created
+        why = why_not_writable(directory)
+        if why:
+            raise _unwritable(directory, why)
     try:
         for directory in dirs.all():
             held._files.append(_lock(directory))

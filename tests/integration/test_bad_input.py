@@ -94,6 +94,13 @@ CASES = [
     ("train-negative-nproc", f"train --recipe {TINY} --nproc -2", "--nproc"),
     ("train-missing-data", "train --recipe missingdata.yaml", "nowhere/x"),
     ("train-vocab-mismatch", "train --recipe smallvocab.yaml", "vocab"),
+    # a run or export directory that cannot be written: refused before anything is created
+    ("train-out-under-a-file", f"train --recipe {TINY} --nproc 8 --out binary.yaml/run", "binary.yaml is a file"),
+    ("train-save-dir-under-a-file", f"train --recipe {TINY} --nproc 8 --out fresh --save-dir binary.yaml/ck",
+     "binary.yaml is a file"),
+    ("train-out-not-creatable", f"train --recipe {TINY} --nproc 8 --out /proc/hybridpar-run",
+     "cannot write the run directory /proc/hybridpar-run"),
+    ("export-out-under-a-file", "export-hf nowhere binary.yaml/hf", "binary.yaml is a file"),
     # a GPU recipe on a machine without CUDA (this one): no silent CPU run
     ("train-gpu-recipe-without-cuda", f"train --recipe {REPO}/recipes/llama3-8b-1node.yaml --nproc 8", "--allow-cpu"),
     # data and report
