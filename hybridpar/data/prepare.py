@@ -94,7 +94,7 @@ def _make_out_dir(prefix: str) -> list[str]:
     try:
         os.makedirs(directory, exist_ok=True)
     except OSError as err:
-        raise UsageError(f"cannot create output directory {directory}: {err.strerror}") from None
+        raise UsageError(f"cannot create output directory {directory}: {err.strerror}; choose another --out") from None
     if not os.access(directory, os.W_OK):
         raise UsageError(f"output directory {directory} is not writable: choose another --out")
     return created

@@ -107,6 +107,7 @@ CASES = [
     ("data-missing-input", "data prepare nofile.txt --out x/y", "nofile.txt"),
     ("data-info-missing", "data info nowhere/prefix", "nowhere/prefix"),
     ("report-missing-run", "report nowhere", "nowhere"),
+    ("report-out-under-a-file", "report arun --out binary.yaml/plots", "binary.yaml is a file"),
     # schedules (train.warmup_steps longer than the run is a warning: test_orphans.py)
     ("schedule-lr-zero", "train --recipe lr0.yaml", "train.lr must be > 0"),
     ("schedule-lr-negative", "train --recipe lrneg.yaml", "train.lr must be > 0"),
@@ -138,6 +139,9 @@ def workdir(tmp_path_factory):
     for name, text in FILES.items():
         (d / name).write_bytes(text if isinstance(text, bytes) else text.encode())
     _broken_datasets(d)
+    (d / "arun").mkdir()
+    (d / "arun" / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0, "step_time_s": 0.5, "tokens_per_s": 100.0,
+                                                          "grad_norm": 1.0, "lr": 1e-3}) + "\n")
     return d
 
 

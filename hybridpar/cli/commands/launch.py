@@ -56,7 +56,7 @@ def run(args) -> int:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
-        raise UsageError(f"cannot create output directory {out}: {err.strerror}") from None
+        raise UsageError(f"cannot create output directory {out}: {err.strerror}; choose another --out") from None
     written = [out / "torchrun.sh"]
     write_atomic(written[0], "#!/usr/bin/env bash\n" + node_commands(spec), permissions=0o755)
     if args.slurm:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 
 from hybridpar.errors import UsageError
+from hybridpar.files import why_not_writable
 
 HELP = "summarize a run's metrics.jsonl and draw loss and throughput curves to PNG"
 
@@ -21,9 +22,12 @@ def run(args) -> int:
     from hybridpar.observe.report import format_summary, load_metrics, plot, summarize
 
     records = load_metrics(args.run_dir)
+    out = args.out or args.run_dir
+    why = None if args.no_plots else why_not_writable(out)
+    if why:  # before the summary: a refused command prints nothing else
+        raise UsageError(f"cannot write {out} ({why}); choose another --out")
     print(format_summary(summarize(records)))
     if not args.no_plots:
-        out = args.out or args.run_dir
         try:
             os.makedirs(out, exist_ok=True)
         except OSError as err:
