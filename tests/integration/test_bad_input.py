@@ -63,6 +63,7 @@ CASES = [
     ("mesh-zero-size", "mesh --tp 0", "positive"),
     ("mesh-partial-node", "mesh --tp 3 --dp 3", "not a multiple"),
     ("mesh-rank-outside", "mesh --tp 2 --rank 5", "outside the world"),
+    ("mesh-world-too-large", "mesh --tp 100000 --pp 100000 --dp 100000", "above the 1,048,576 ranks"),
     ("mesh-bad-order", "mesh --tp 2 --order dp-tp", "invalid choice"),
     # launch
     ("launch-world-mismatch", f"launch --recipe {TINY} --nodes 3 --gpus-per-node 4 --out o", "world size 12"),

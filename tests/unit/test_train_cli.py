@@ -107,3 +107,31 @@ def test_bad_input_is_one_line_exit_2_before_any_process_group(tmp_path, capsys,
         lines = err.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("hybridpar train: error: "), (name, err)
         assert expected in lines[0], (name, lines[0])
+
+
+@pytest.mark.parametrize("launcher_env, nproc, message", [
+    ({}, 16, "--nproc 16 starts one rank per GPU, and this machine has 8"),
+    ({"RANK": "9", "WORLD_SIZE": "16", "LOCAL_RANK": "9"}, None, "local rank 9 has no GPU: this machine has 8"),
+])
+def test_more_local_ranks_than_gpus_is_refused_before_any_starts(monkeypatch, launcher_env, nproc, message):
+    """On a GPU machine each local rank drives the GPU of its local rank: a world that needs more GPUs
+    than the machine has is a one-line error, not 8 ranks failing on devices that do not exist. (This
+    machine has no GPU: CUDA's device count is what a machine with 8 would report.)"""
+    import torch
+
+    from hybridpar.cli.commands.train import _refuse_more_ranks_than_gpus
+    from hybridpar.errors import UsageError
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "SLURM_PROCID"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in launcher_env.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(UsageError, match=message):
+        _refuse_more_ranks_than_gpus(nproc)
+    # one rank per GPU passes
+    if launcher_env:
+        monkeypatch.setenv("LOCAL_RANK", "7")
+        _refuse_more_ranks_than_gpus(None)
+    else:
+        _refuse_more_ranks_than_gpus(8)

@@ -8,6 +8,9 @@ from hybridpar.errors import UsageError
 HELP = "print the rank layout: nodes per DP replica, groups per axis, one rank's groups"
 
 GROUP_KINDS = ("tp", "cp", "pp", "dp", "mp", "embedding")
+# Every group of every axis is listed to find which cross nodes: about 30 s at this size on one core,
+# and no cluster is larger. A world beyond it is a typo in the sizes, not a layout to print.
+MAX_WORLD = 2**20
 
 
 def add_arguments(p):
@@ -37,6 +40,9 @@ def run(args) -> int:
             raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {getattr(args, key)}")
     layout = RankLayout(tp=args.tp, cp=args.cp, pp=args.pp, dp=args.dp, order=args.order)
     world = layout.world_size
+    if world > MAX_WORLD:
+        raise UsageError(f"world size {world:,} (tp x cp x pp x dp) is above the {MAX_WORLD:,} ranks mesh lays out; "
+                         f"check --tp, --cp, --pp and --dp")
     if world > args.gpus_per_node and world % args.gpus_per_node:
         raise UsageError(
             f"world size {world} (tp x cp x pp x dp) is not a multiple of --gpus-per-node {args.gpus_per_node}"

@@ -96,6 +96,8 @@ def prepare(args):
     out = args.out or os.path.join("runs", recipe.name)
     recipe, checkpoint = checkpoint_flags.apply(recipe, args, out)
     cuda = _refuse_silent_cpu(recipe, args)
+    if cuda:
+        _refuse_more_ranks_than_gpus(args.nproc)
     from hybridpar.data.preflight import check_data_source
 
     d = recipe.data
@@ -125,6 +127,23 @@ def _refuse_silent_cpu(recipe, args) -> bool:
                          f"(torch {torch.__version__}); run it on a GPU machine (scripts/setup.sh installs a CUDA torch "
                          f"there), or pass --allow-cpu to train on CPU ranks anyway")
     return cuda
+
+
+def _refuse_more_ranks_than_gpus(nproc: int | None) -> None:
+    """Each local rank drives the GPU of its local rank: more of them than this machine has GPUs
+    would start, and fail one by one on a device that does not exist."""
+    import torch
+
+    from hybridpar.launch.local import under_launcher
+
+    gpus = torch.cuda.device_count()
+    if under_launcher():
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if local >= gpus:
+            raise UsageError(f"local rank {local} has no GPU: this machine has {gpus}; start at most {gpus} ranks per node")
+    elif nproc is not None and nproc > gpus:
+        raise UsageError(f"--nproc {nproc} starts one rank per GPU, and this machine has {gpus}; use --nproc {gpus} or "
+                         f"fewer, or spread the ranks over machines with `hybridpar launch`")
 
 
 def _quiet_libraries() -> None:
