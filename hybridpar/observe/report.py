@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 from dataclasses import dataclass
 
 from hybridpar.errors import UsageError
@@ -46,8 +47,11 @@ class Summary:
         return self.device == "cpu" or self.tflops_unit == "rank"
 
 
-def load_metrics(run_dir: str) -> list[dict]:
-    """The step records of RUN_DIR/metrics.jsonl, one per step, in step order."""
+def load_metrics(run_dir: str, warn=None) -> list[dict]:
+    """The step records of RUN_DIR/metrics.jsonl, one per step, in step order. A last line cut short
+    (no newline: a run killed while writing it) is left out and named through ``warn`` (stderr by
+    default), as a resumed run drops it (reliability/run_dir.keep_steps_before); any other line that is
+    not a record is an error."""
     path = os.path.join(run_dir, "metrics.jsonl")
     if not os.path.isdir(run_dir):
         raise UsageError(f"run directory {run_dir} does not exist: give the --out directory of a training run")
@@ -61,6 +65,10 @@ def load_metrics(run_dir: str) -> list[dict]:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as err:
+                if not line.endswith("\n"):
+                    (warn or _warn)(f"{path}:{number}: the last line is cut short (a run killed while writing it); "
+                                    f"left out")
+                    continue
                 raise UsageError(f"{path}:{number}: not JSON ({err.msg}); the file is damaged") from None
             missing = [k for k in REQUIRED if not isinstance(record, dict) or k not in record]
             if missing:
@@ -69,6 +77,10 @@ def load_metrics(run_dir: str) -> list[dict]:
     if not by_step:
         raise UsageError(f"{path} is empty: the run logged no step yet")
     return [by_step[s] for s in sorted(by_step)]
+
+
+def _warn(message: str) -> None:
+    print(f"hybridpar report: warning: {message}", file=sys.stderr, flush=True)
 
 
 def _median(records: list[dict], key: str) -> float | None:

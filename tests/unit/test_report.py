@@ -77,9 +77,19 @@ def test_bad_run_directories_are_usage_errors(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n")
     with pytest.raises(UsageError, match="is empty"):
         load_metrics(str(tmp_path))
-    (tmp_path / "metrics.jsonl").write_text(json.dumps(record(1, 2.0)) + '\n{"step": 2, "lo')
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record(1, 2.0)) + '\n{"step": 2, "lo\n' + json.dumps(record(3, 1.0)) + "\n")
     with pytest.raises(UsageError, match=r"metrics.jsonl:2: not JSON"):
         load_metrics(str(tmp_path))
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 2.0}) + "\n")
     with pytest.raises(UsageError, match="missing step_time_s, tokens_per_s"):
         load_metrics(str(tmp_path))
+
+
+def test_a_last_line_cut_short_by_a_killed_run_is_left_out_with_a_warning(tmp_path):
+    """A run killed while writing its metrics leaves a last line without its newline: the report
+    shows the steps before it and names the cut line (a resumed run drops it too)."""
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record(1, 2.0)) + "\n" + json.dumps(record(2, 1.5)) + '\n{"step": 3, "lo')
+    warned = []
+    records = load_metrics(str(tmp_path), warn=warned.append)
+    assert [r["step"] for r in records] == [1, 2]
+    assert len(warned) == 1 and "metrics.jsonl:3: the last line is cut short" in warned[0]
