@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Optional, Union, get_args, get_origin, get_type_hints
 
+from hybridpar.topology.hardware import HardwareError, load_gpu
 from hybridpar.topology.layout import DEFAULT_ORDER, ORDERS
 from hybridpar.topology.models import PRESETS, ModelSpec, ModelSpecError, load_model, model_from_dict
 from hybridpar.topology.plan import RECOMPUTE_MODES, Plan
@@ -227,12 +228,25 @@ class Recipe:
             if getattr(self.checkpoint, key) < 0:
                 out.append(f"checkpoint.{key} must be >= 0, got {getattr(self.checkpoint, key)}")
         rel = self.reliability
-        if rel.timeout_s < 1 or rel.check_replicas < 0 or rel.on_drift not in ("stop", "warn"):
-            out.append(f"reliability: timeout_s must be >= 1, check_replicas >= 0, on_drift stop or warn; got {rel}")
+        if rel.timeout_s < 1:
+            out.append(f"reliability.timeout_s must be >= 1 (seconds), got {rel.timeout_s}")
+        if rel.check_replicas < 0:
+            out.append(f"reliability.check_replicas must be >= 0 (0: never), got {rel.check_replicas}")
+        if rel.on_drift not in ("stop", "warn"):
+            out.append(f"reliability.on_drift must be stop or warn, got {rel.on_drift!r}")
         out.extend(self._tolerance_problems())
         g = self.generate
-        if g.tokens < 0 or g.temperature < 0 or g.top_k < 0:
-            out.append(f"generate: tokens, temperature and top_k must be >= 0; got {g}")
+        for key in ("tokens", "temperature", "top_k"):
+            if getattr(g, key) < 0:
+                out.append(f"generate.{key} must be >= 0, got {getattr(g, key)}")
+        c = self.cluster
+        if c.gpus_per_node < 1:
+            out.append(f"cluster.gpus_per_node must be a positive integer, got {c.gpus_per_node}")
+        if c.gpu:
+            try:
+                load_gpu(c.gpu)
+            except HardwareError as err:
+                out.append(f"cluster.gpu: {err}")
         if self.data.source == "indexed" and not self.data.path:
             out.append("data.source indexed needs data.path (the .bin/.idx prefix)")
         if not out:
@@ -348,6 +362,8 @@ def recipe_from_dict(data, source: str = "recipe") -> Recipe:
     name = data.get("name", Path(source).stem)
     if not isinstance(name, str):
         raise UsageError(f"recipe key 'name' must be a string, got {name!r}")
+    if not name.strip() or name in (".", "..") or any(c in name for c in "/\\\0"):
+        raise UsageError(f"recipe key 'name' must be a plain name (the run directory is runs/NAME), got {name!r}")
     sections = {key: _section(cls, data.get(key), key) for key, cls in SECTIONS.items()}
     return Recipe(model=_model(data["model"], source), name=name, **sections)
 

@@ -86,7 +86,7 @@ def test_bad_reliability_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch)
         (["--recipe", str(TINY), "--nproc", "8", "--timeout-s", "0"], "--timeout-s must be a positive integer"),
         (["--recipe", str(TINY), "--nproc", "8", "--check-replicas", "-1"], "--check-replicas must be >= 0"),
         (["--recipe", str(TINY), "--nproc", "8", "--on-drift", "ignore"], "invalid choice"),
-        (["--recipe", str(recipe), "--nproc", "8"], "on_drift stop or warn"),
+        (["--recipe", str(recipe), "--nproc", "8"], "reliability.on_drift must be stop or warn, got 'ignore'"),
     ]
     for argv, expected in cases:
         with pytest.raises(SystemExit) if "invalid choice" in expected else nullcontext():
