@@ -22,10 +22,13 @@ from dataclasses import dataclass
 
 from hybridpar.errors import UsageError
 from hybridpar.files import why_not_writable
-from hybridpar.checkpoint.files import RUN_FILE, CheckpointError, read_manifest, resolve, verify
+from hybridpar.checkpoint.files import LATEST, MANIFEST, RUN_FILE, CheckpointError, read_manifest, resolve, verify
+from hybridpar.reliability.run_dir import LOCK_NAME, RUN_FILES
 from hybridpar.checkpoint.hf_layout import INDEX_FILE, SINGLE_FILE, CanonicalParam, canonical_layout, hf_config
 
 DTYPES = {"fp32": ("float32", 4), "bf16": ("bfloat16", 2)}
+# What a run directory or a save directory holds besides step-*/ (reliability/run_dir.py, checkpoint/files.py).
+RUN_ENTRIES = (*RUN_FILES[:2], LOCK_NAME, LATEST, MANIFEST)
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,11 @@ def check_out_dir(out_dir: str, overwrite: bool) -> None:
         raise UsageError(f"cannot write OUT_DIR {out_dir} ({why}); choose a directory you can write")
     if os.path.isdir(out_dir) and os.listdir(out_dir) and not overwrite:
         raise UsageError(f"{out_dir} exists and is not empty: choose another OUT_DIR or pass --overwrite")
+    if os.path.isdir(out_dir):
+        runs = sorted(n for n in os.listdir(out_dir) if n in RUN_ENTRIES or n.startswith("step-"))
+        if runs:  # --overwrite replaces an earlier export, never a run or its checkpoints
+            raise UsageError(f"{out_dir} holds a training run or checkpoints ({', '.join(runs[:3])}); --overwrite replaces "
+                             f"only an earlier export: choose another OUT_DIR")
 
 
 def shard_plan(layout: list[CanonicalParam], itemsize: int, max_bytes: int) -> dict[str, int]:
@@ -138,6 +146,11 @@ def export_hf(cfg: ExportConfig, print_fn=print) -> str:
         raise UsageError(f"--max-shard-size must be positive, got {cfg.max_shard_bytes} bytes")
     check_out_dir(cfg.out_dir, cfg.overwrite)
     step_dir = resolve(cfg.checkpoint)
+    out, source = os.path.realpath(cfg.out_dir), os.path.realpath(step_dir)
+    if source == out or source.startswith(out + os.sep):
+        # --overwrite replaces OUT_DIR whole: the checkpoint (and the run around it) would go with it
+        raise UsageError(f"OUT_DIR {cfg.out_dir} holds the checkpoint being exported ({step_dir}); choose a directory "
+                         f"outside it")
     manifest = read_manifest(step_dir)
     spec = model_from_dict(manifest.plan["model"], f"{step_dir}/manifest.json")
     tied = "output_layer.weight" not in manifest.params

@@ -15,10 +15,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from hf_models import TINY, canonical_from_hf, hf_logits, random_llama
@@ -78,6 +80,16 @@ def test_trained_on_8_ranks_exported_gives_the_same_logits_in_transformers(tmp_p
     diff = (hf_logits(model, tokens) - want).abs().max().item()
     print(f"export (hf, bf16 weights, overwritten): max |logit diff| {diff:.2e}")
     assert 1e-5 < diff < 0.05
+
+    # --overwrite never replaces a run, its checkpoints, or any directory that holds the checkpoint
+    from hybridpar.errors import UsageError
+
+    for out_dir, why in ((tmp_path / "ckpt", "holds a training run or checkpoints (.hybridpar.lock, latest, step-000003"),
+                         (tmp_path / "run", "holds a training run or checkpoints (.hybridpar.lock, metrics.jsonl"),
+                         (tmp_path, "holds the checkpoint being exported")):
+        with pytest.raises(UsageError, match=re.escape(why)):
+            export_hf(ExportConfig(str(tmp_path / "ckpt"), str(out_dir), overwrite=True), print_fn=lambda *_: None)
+    assert (tmp_path / "ckpt" / "step-000003" / "manifest.json").is_file() and (tmp_path / "run" / "metrics.jsonl").is_file()
 
     tok, mine = AutoTokenizer.from_pretrained(str(tmp_path / "hf")), ByteTokenizer()
     text = "Ham.\nTo be, or not to be: that is the question — ünïcödé"

@@ -13,7 +13,7 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "M
 def add_arguments(p):
     p.add_argument("checkpoint", metavar="CHECKPOINT", help="a step-NNNNNN directory, or a save directory (its latest)")
     p.add_argument("out_dir", metavar="OUT_DIR", help="the Hugging Face directory to create (must be absent or empty)")
-    p.add_argument("--overwrite", action="store_true", help="replace OUT_DIR when it is not empty")
+    p.add_argument("--overwrite", action="store_true", help="replace an earlier export in OUT_DIR (never a run, its checkpoints, or a directory holding them)")
     p.add_argument("--tokenizer", help="byte, or a tokenizer.json (default: the run's, from the checkpoint's run.json)")
     p.add_argument("--dtype", default="fp32", help="fp32 (default) or bf16")
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file, e.g. 5GB, 500MB (default 5GB)")
