@@ -111,6 +111,7 @@ CASES = [
      "cannot write the run directory /proc/hybridpar-run"),
     ("export-out-under-a-file", "export-hf nowhere binary.yaml/hf", "binary.yaml is a file"),
     ("export-overwrite-a-run", "export-hf nowhere arun --overwrite", "arun holds a training run or checkpoints (metrics.jsonl)"),
+    ("export-into-a-run", "export-hf nowhere arun", "--overwrite replaces only an earlier export"),
     # a GPU recipe on a machine without CUDA (this one): no silent CPU run
     ("train-gpu-recipe-without-cuda", f"train --recipe {REPO}/recipes/llama3-8b-1node.yaml --nproc 8", "--allow-cpu"),
     # data and report
