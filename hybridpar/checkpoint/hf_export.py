@@ -48,11 +48,12 @@ def check_out_dir(out_dir: str, overwrite: bool) -> None:
     if why:
         raise UsageError(f"cannot write OUT_DIR {out_dir} ({why}); choose a directory you can write")
     if os.path.isdir(out_dir):
-        runs = sorted(n for n in os.listdir(out_dir) if n in RUN_ENTRIES or n.startswith("step-"))
+        entries = os.listdir(out_dir)
+        runs = sorted(n for n in entries if n in RUN_ENTRIES or n.startswith("step-"))
         if runs:  # --overwrite replaces an earlier export, never a run or its checkpoints
             raise UsageError(f"{out_dir} holds a training run or checkpoints ({', '.join(runs[:3])}); --overwrite replaces "
                              f"only an earlier export: choose another OUT_DIR")
-        if os.listdir(out_dir) and not overwrite:
+        if entries and not overwrite:
             raise UsageError(f"{out_dir} exists and is not empty: choose another OUT_DIR or pass --overwrite")
 
 

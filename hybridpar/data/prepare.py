@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Iterator, Sequence
 
 from hybridpar.errors import UsageError
+from hybridpar.files import why_not_writable
 from hybridpar.data.tokenizers import Tokenizer
 
 JSONL_SUFFIXES = (".jsonl", ".json")
@@ -86,6 +87,9 @@ def check_inputs(inputs: Sequence[str]) -> None:
 def _make_out_dir(prefix: str) -> list[str]:
     """Create the output directory; return the directories created, deepest first, for clean-up."""
     directory = os.path.dirname(os.path.abspath(prefix))
+    why = why_not_writable(directory)
+    if why:
+        raise UsageError(f"cannot create output directory {directory} ({why}); choose another --out")
     created = []
     missing = directory
     while not os.path.exists(missing):
@@ -93,10 +97,8 @@ def _make_out_dir(prefix: str) -> list[str]:
         missing = os.path.dirname(missing)
     try:
         os.makedirs(directory, exist_ok=True)
-    except OSError as err:
+    except OSError as err:  # what why_not_writable cannot see: a read-only or pseudo filesystem
         raise UsageError(f"cannot create output directory {directory}: {err.strerror}; choose another --out") from None
-    if not os.access(directory, os.W_OK):
-        raise UsageError(f"output directory {directory} is not writable: choose another --out")
     return created
 
 
