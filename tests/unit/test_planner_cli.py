@@ -1,5 +1,6 @@
 """`hybridpar plan`: the exact interface, JSON output, and bad input -> one line, exit 2."""
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -82,6 +83,7 @@ BAD = [
     (["--model", "llama3-8b", "--gpus", "12"], "not a multiple of --gpus-per-node"),
     (["--model", "llama3-8b", "--gpus", "0"], "positive"),
     (["--model", "llama3-8b", "--gpus", "-8"], "positive"),
+    (["--model", "llama3-8b", "--gpus", "8", "--gpus-per-node", "0"], "--gpus-per-node must be a positive"),
     (["--model", "llama3-8b", "--gpus", "8", "--tp", "3"], "does not divide"),
     (["--model", "llama3-8b", "--gpus", "16", "--tp", "4", "--pp", "2", "--cp", "1", "--dp", "4"], "but --gpus is 16"),
     (["--model", "gpt3-175b", "--gpus", "40", "--tp", "8", "--pp", "5", "--cp", "1", "--dp", "1",
@@ -308,6 +310,10 @@ def test_every_plan_carries_ranges_and_its_validated_region(capsys):
     first = plans[0]
     assert f"{first['mfu']:.0%} ({first['mfu_range'][0] * 100:.0f}-{first['mfu_range'][1]:.0%})" in table
     assert "10th-90th percentile of reported/predicted" in table and "outside the validated region" not in table
+    # Each step time and its ends in three significant figures, trailing zeros kept: 0.448 (0.408-0.500).
+    small = run(["--model", "llama3-8b", "--gpus", "8", "--global-batch", "3", "--top", "5"], capsys)[1]
+    steps = re.findall(r"(\d+\.?\d*) \((\d+\.?\d*)-(\d+\.?\d*)\)", small)
+    assert steps and all(len(x.replace(".", "").lstrip("0")) == 3 for row in steps for x in row), steps
     b200 = run(["--model", "llama3-405b", "--gpus", "16384", "--gpu", "b200", "--top", "1"], capsys)[1]
     notes = [line for line in b200.splitlines() if line.startswith("outside the validated region")]
     assert len(notes) == 1 and "b200-180gb" in notes[0]

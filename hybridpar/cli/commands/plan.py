@@ -123,7 +123,8 @@ def build_request(args) -> tuple[Request, int]:
     if args.global_batch is None and args.global_batch_tokens is None:
         args.global_batch = base.get("global_batch")
     args.gpu = args.gpu or base.get("gpu") or "h100-80gb"
-    args.gpus_per_node = args.gpus_per_node or base.get("gpus_per_node")
+    if args.gpus_per_node is None:
+        args.gpus_per_node = base.get("gpus_per_node")
     for key in ("gpus", "gpus_per_node", "seq_len", "global_batch", "global_batch_tokens", "top",
                 "tp", "pp", "cp", "dp", "micro_batch", "vpp"):
         value = getattr(args, key)
@@ -213,6 +214,12 @@ def plan_json(req: Request, e) -> dict:
             "validated_region": region_note(req, e)}
 
 
+def _three_figures(seconds: float) -> str:
+    """232, 57.9, 0.448, 0.500: three significant figures, trailing zeros kept so a range reads evenly."""
+    decimals = max(0, 2 - math.floor(math.log10(seconds))) if seconds > 0 else 0
+    return f"{seconds:.{decimals}f}"
+
+
 def _pct(x: float | None) -> str:
     return "" if x is None else f"{x:.1%}"
 
@@ -289,7 +296,7 @@ def render(req: Request, result) -> str:
         p, c = e.plan, e.cost
         slo, shi = validation.step_time_range(c.step_time_s, gpu.name)
         mlo, mhi = validation.mfu_range(c.mfu, gpu.name)
-        step = f"{c.step_time_s:.3g} ({slo:.3g}-{shi:.3g})"
+        step = f"{_three_figures(c.step_time_s)} ({_three_figures(slo)}-{_three_figures(shi)})"
         mfu = f"{c.mfu:.0%} ({mlo * 100:.0f}-{mhi:.0%})"
         fits = "yes" if e.fits else "NO"
         if e.fits and e.memory.tight(gpu.memory_bytes):
