@@ -56,11 +56,11 @@ class _Parser(argparse.ArgumentParser):
         parsed, unknown = self.parse_known_args(args, namespace)
         if unknown:
             command = self.commands.get(getattr(parsed, "command", None), self)
-            command.error(_unknown_message(command, unknown))
+            command.error(unknown_message(command, unknown))
         return parsed
 
 
-def _unknown_message(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
+def unknown_message(parser: argparse.ArgumentParser, unknown: list[str]) -> str:
     flag = unknown[0].split("=", 1)[0]
     known = [s for action in parser._actions for s in action.option_strings if s.startswith("--")]  # noqa: SLF001
     close = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)

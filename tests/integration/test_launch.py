@@ -29,12 +29,28 @@ def test_launch_writes_torchrun_and_sbatch(tmp_path):
             "${PYTHON:-python3} -m hybridpar.launch.node_agent --nnodes=2")  # torchrun, via hybridpar's node agent
     assert "node 0: DP replica(s) 0" in torchrun and "node 1: DP replica(s) 1" in torchrun
     assert not list(out.glob(".*tmp"))
+    # A layout flag after -- is the layout the ranks will run, and the node map says so.
+    res = _launch("--recipe", "recipes/tiny.yaml", "--nodes", "2", "--gpus-per-node", "4", "--out", str(out),
+                  "--", "--pp", "1", "--tp", "2", "--steps", "3")
+    assert res.returncode == 0, res.stderr
+    assert "8 ranks = tp 2 x cp 1 x pp 1 x dp 4" in (out / "torchrun.sh").read_text()
+    assert "node 0: DP replica(s) 0-1" in res.stdout and "node 1: DP replica(s) 2-3" in res.stdout
 
 
 @pytest.mark.parametrize("args, message", [
     (["--nodes", "3", "--gpus-per-node", "4"], "world size 12 != tp x cp x pp x dp"),
     (["--nodes", "0"], "--nodes must be a positive integer"),
     (["--nodes", "2", "--gpus-per-node", "4", "--partition", "x"], "--partition only applies with --slurm"),
+    (["--nodes", "2", "--gpus-per-node", "4", "--slurm", "--time", "two days"], "is not a SLURM time limit"),
+    (["--nodes", "2", "--gpus-per-node", "4", "--slurm", "--partition", "gpu a100"], "is not a SLURM partition name"),
+    # train flags after -- are parsed and checked as train would on every node
+    (["--nodes", "2", "--gpus-per-node", "4", "--", "--stpes", "3"], "the train flags after --: unrecognized arguments --stpes 3; did you mean --steps?"),
+    (["--nodes", "2", "--gpus-per-node", "4", "--", "--steps", "0"], "--steps must be a positive integer"),
+    (["--nodes", "2", "--gpus-per-node", "4", "--", "--tp", "3"], "not divisible by tp x cp x pp = 3"),
+    (["--nodes", "2", "--gpus-per-node", "4", "--", "--save-every", "-1"], "--save-every must be >= 0"),
+    (["--nodes", "2", "--gpus-per-node", "4", "--", "--nproc", "4"], "train flag --nproc cannot go through launch"),
+    (["--nodes", "2", "--gpus-per-node", "4", "--slurm", "--", "--out", "x"], "give launch --run-dir instead"),
+    (["--nodes", "2", "--gpus-per-node", "4", "--slurm", "--", "--overwrite"], "train flag --overwrite cannot go through launch"),
 ])
 def test_launch_bad_input_is_one_line_exit_2(tmp_path, args, message):
     res = _launch("--recipe", "recipes/tiny.yaml", "--out", str(tmp_path / "o"), *args)

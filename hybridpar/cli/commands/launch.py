@@ -1,16 +1,34 @@
 """`hybridpar launch`: write the torchrun command for every node and, with --slurm, an sbatch script."""
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import sys
 from pathlib import Path
 
 from hybridpar.topology.layout import NodeMap
 
+from hybridpar.cli import checkpoint_flags
 from hybridpar.errors import UsageError
 from hybridpar.files import write_atomic
 
 HELP = "write multi-node torchrun commands (c10d rendezvous) and, with --slurm, an sbatch script"
+
+# sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
+# days-hours:minutes:seconds, or no limit (sbatch(1)).
+SLURM_TIME = re.compile(r"(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2}|unlimited|infinite)", re.IGNORECASE)
+# Train flags that launch's own options or its launcher decide, and what to give instead.
+OWNED_TRAIN_FLAGS = {
+    "recipe": "give the recipe as launch's --recipe",
+    "nproc": "torchrun starts --gpus-per-node ranks on each node; drop --nproc",
+    "tolerate_replica_loss": "it runs its own launcher on one machine, not under torchrun or SLURM",
+}
+SLURM_TRAIN_FLAGS = {  # what the sbatch script sets itself, for every requeued attempt
+    "out": "the sbatch script trains into --run-dir: give launch --run-dir instead",
+    "resume": "the sbatch script resumes with --resume auto on every attempt; drop --resume",
+    "overwrite": "every requeued attempt would delete the run it continues; clear the run directory by hand instead",
+}
 
 
 def add_arguments(p):
@@ -30,6 +48,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from hybridpar.launch.scripts import LaunchSpec, SlurmOptions, node_commands, sbatch_script
+    from hybridpar.cli.commands.train import checked_recipe
     from hybridpar.config.recipe import load_recipe
 
     if args.nodes < 1:
@@ -42,10 +61,13 @@ def run(args) -> int:
         raise UsageError("--partition only applies with --slurm")
     if args.cpus_per_task < 1:
         raise UsageError(f"--cpus-per-task must be a positive integer, got {args.cpus_per_task}")
-    recipe = load_recipe(args.recipe)
-    gpus_per_node = args.gpus_per_node or recipe.cluster.gpus_per_node
+    _check_slurm_options(args)
+    train_flags = _train_flags(args)
+    gpus_per_node = args.gpus_per_node or load_recipe(args.recipe).cluster.gpus_per_node
     world = args.nodes * gpus_per_node
-    recipe = recipe.validate(world)
+    recipe = checked_recipe(train_flags, world)  # with the train flags' overrides: the layout torchrun will run
+    run_dir = args.run_dir or os.path.join("runs", recipe.name)
+    checkpoint_flags.apply(recipe, train_flags, train_flags.out or run_dir)
     layout = recipe.to_plan_unresolved().layout
     NodeMap(layout, gpus_per_node)  # raises when the world does not fill whole nodes
     spec = LaunchSpec(
@@ -62,10 +84,42 @@ def run(args) -> int:
     if args.slurm:
         written.append(out / "job.sbatch")
         venv = args.venv or (sys.prefix if sys.prefix != sys.base_prefix else None)
-        options = SlurmOptions(run_dir=os.path.abspath(args.run_dir or os.path.join("runs", recipe.name)),
+        options = SlurmOptions(run_dir=os.path.abspath(run_dir),
                                workdir=os.getcwd(), venv=venv and os.path.abspath(venv), partition=args.partition,
                                time_limit=args.time, cpus_per_task=args.cpus_per_task)
         write_atomic(written[1], sbatch_script(spec, options))
     print(node_commands(spec), end="")
     print("\nwrote " + ", ".join(map(str, written)))
     return 0
+
+
+def _check_slurm_options(args) -> None:
+    if not SLURM_TIME.fullmatch(args.time):
+        raise UsageError(f"--time {args.time!r} is not a SLURM time limit; give e.g. 48:00:00, 2-00:00:00 or 90 (minutes)")
+    if args.partition is not None and not re.fullmatch(r"[^\s#'\"]+", args.partition):
+        raise UsageError(f"--partition {args.partition!r} is not a SLURM partition name (a comma-separated list "
+                         "without spaces or quotes)")
+
+
+class _TrainFlagParser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(f"the train flags after --: {message}")
+
+
+def _train_flags(args) -> argparse.Namespace:
+    """The `hybridpar train` flags after --, parsed by train's own parser: a flag train would refuse
+    on every node is refused here, before any job is queued."""
+    from hybridpar.cli.commands import train
+    from hybridpar.cli.main import unknown_message
+
+    parser = _TrainFlagParser(prog="hybridpar train", add_help=False)
+    train.add_arguments(parser)
+    flags, unknown = parser.parse_known_args(args.train_args)
+    if unknown:
+        raise UsageError(f"the train flags after --: {unknown_message(parser, unknown)}")
+    owned = {**OWNED_TRAIN_FLAGS, **(SLURM_TRAIN_FLAGS if args.slurm else {})}
+    for key, fix in owned.items():
+        if getattr(flags, key, None):
+            raise UsageError(f"train flag --{key.replace('_', '-')} cannot go through launch: {fix}")
+    flags.recipe = args.recipe
+    return flags

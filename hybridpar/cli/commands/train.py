@@ -66,11 +66,10 @@ def _world(args) -> int:
     return 1
 
 
-def prepare(args):
-    """Recipe + flags, validated against the world size and resolved into the RunPlan: everything
-    checked before any rank starts."""
+def checked_recipe(args, world: int):
+    """The recipe with every flag applied and validated for ``world`` ranks: the checks that need no
+    rank, GPU or data. `hybridpar launch` runs them for the cluster's world before it writes a script."""
     from hybridpar.config.recipe import load_recipe, with_overrides
-    from hybridpar.config.run import RunPlan, StopSettings
 
     if not args.recipe:
         raise UsageError("--recipe is required: the recipe YAML to train (e.g. recipes/default.yaml)")
@@ -85,14 +84,21 @@ def prepare(args):
         raise UsageError(f"--exit-after must be a positive number of minutes, got {args.exit_after}")
     if args.overwrite and args.resume:
         raise UsageError("--overwrite deletes the run that --resume would continue: give one of them")
+    recipe = with_overrides(recipe, **flags)
+    recipe = watch_flags.apply(reliability_flags.apply(recipe, args), args)
+    return recipe.validate(world)
+
+
+def prepare(args):
+    """Recipe + flags, validated against the world size and resolved into the RunPlan: everything
+    checked before any rank starts."""
+    from hybridpar.config.run import RunPlan, StopSettings
     from hybridpar.launch.local import under_launcher
 
     if getattr(args, "tolerate_replica_loss", None) and (under_launcher() or not args.nproc or args.nproc < 2):
         raise UsageError("--tolerate-replica-loss runs its own launcher: use it with --nproc N on one machine, "
                          "not under torchrun or SLURM")
-    recipe = with_overrides(recipe, **flags)
-    recipe = watch_flags.apply(reliability_flags.apply(recipe, args), args)
-    recipe = recipe.validate(_world(args))
+    recipe = checked_recipe(args, _world(args))
     out = args.out or os.path.join("runs", recipe.name)
     recipe, checkpoint = checkpoint_flags.apply(recipe, args, out)
     cuda = _refuse_silent_cpu(recipe, args)
