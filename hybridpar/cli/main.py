@@ -75,7 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.commands = {}
     for name in command_names():
         module = _module(name)
-        parser.commands[name] = sub.add_parser(name, help=module.HELP, description=module.HELP)
+        # argparse %-formats a listed help, not a description
+        parser.commands[name] = sub.add_parser(name, help=module.HELP.replace("%", "%%"), description=module.HELP)
         module.add_arguments(parser.commands[name])
     return parser
 

@@ -8,7 +8,7 @@ import time
 from hybridpar.errors import UsageError
 
 HELP = ("build each distinct pipeline stage of a recipe on the meta device and compare its weights, "
-        "gradients and optimizer bytes with the planner's (exit 1 if any differs by more than 0.5%%)")
+        "gradients and optimizer bytes with the planner's (exit 1 if any differs by more than 0.5%)")
 GIB = 1024**3
 
 
