@@ -39,6 +39,21 @@ def test_prepare_embedded_corpus(tmp_path):
     ]
 
 
+def test_an_existing_dataset_is_replaced_only_with_overwrite(tmp_path):
+    (tmp_path / "a.txt").write_text("first corpus")
+    (tmp_path / "b.txt").write_text("second")
+    out = str(tmp_path / "ds")
+    assert hybridpar("data", "prepare", str(tmp_path / "a.txt"), "--out", out, "--quiet").returncode == 0
+    before = {p.name: p.read_bytes() for p in tmp_path.glob("ds.*")}
+    again = hybridpar("data", "prepare", str(tmp_path / "b.txt"), "--out", out, "--quiet")
+    assert again.returncode == 2 and "already exist" in again.stderr and "--overwrite" in again.stderr
+    assert len(again.stderr.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("ds.*")} == before
+    replaced = hybridpar("data", "prepare", str(tmp_path / "b.txt"), "--out", out, "--quiet", "--overwrite")
+    assert replaced.returncode == 0 and "1 documents, 7 tokens" in replaced.stdout, replaced.stderr
+    assert sorted(p.name for p in tmp_path.glob("ds.*")) == ["ds.bin", "ds.idx", "ds.meta.json"]
+
+
 def bad_cases(tmp_path):
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "ok.txt").write_text("text")
@@ -55,6 +70,9 @@ def bad_cases(tmp_path):
         ),
         "bad json": ([str(tmp_path / "bad.jsonl")], "bad.jsonl:1: not a JSON object"),
         "both inputs and embedded": ([str(tmp_path / "ok.txt"), "--embedded"], "not both"),
+        "out names a directory": ([str(tmp_path / "ok.txt"), "--out", str(tmp_path / "out") + "/"], "names no file"),
+        "out empty": ([str(tmp_path / "ok.txt"), "--out", ""], "names no file"),
+        "eod token with byte": ([str(tmp_path / "ok.txt"), "--eod-token", "5"], "drop --eod-token"),
     }
 
 
@@ -68,6 +86,9 @@ def bad_cases(tmp_path):
         "unwritable out dir",
         "bad json",
         "both inputs and embedded",
+        "out names a directory",
+        "out empty",
+        "eod token with byte",
     ],
 )
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path, case):

@@ -25,6 +25,7 @@ def add_arguments(p):
     prep.add_argument("--out", required=True, metavar="PREFIX", help="writes PREFIX.bin, PREFIX.idx, PREFIX.meta.json")
     prep.add_argument("--json-key", default="text", help="key holding the text in JSON lines (default: text)")
     prep.add_argument("--quiet", action="store_true", help="no progress bar")
+    prep.add_argument("--overwrite", action="store_true", help="replace a dataset already prepared at PREFIX")
     info = sub.add_parser("info", help="documents, tokens and unigram entropy of a prepared PREFIX")
     info.add_argument("prefix", metavar="PREFIX", help="path prefix of PREFIX.bin/.idx")
 
@@ -64,6 +65,10 @@ def prepare_data(args) -> int:
         raise UsageError("no input files: give text or JSON-lines files, or --embedded")
     else:
         inputs = args.inputs
+    _check_out_prefix(args.out, args.overwrite)
+    if args.eod_token is not None and args.tokenizer == "byte":
+        raise UsageError("--eod-token names a token of a tokenizer.json; the byte tokenizer's end-of-document id is "
+                         "always 256: drop --eod-token or give --tokenizer")
     tokenizer = load_tokenizer(args.tokenizer, args.eod_token)
     data = prepare(inputs, args.out, tokenizer, json_key=args.json_key, progress=not args.quiet)
     print(
@@ -71,3 +76,15 @@ def prepare_data(args) -> int:
         f"(tokenizer {data.tokenizer}, vocab {data.vocab_size}, end-of-document id {data.eod})"
     )
     return 0
+
+
+def _check_out_prefix(prefix: str, overwrite: bool) -> None:
+    import os
+
+    if os.path.basename(prefix) in ("", ".", ".."):
+        raise UsageError(f"--out {prefix!r} names no file: give a prefix such as data/corpus "
+                         "(writes data/corpus.bin, .idx and .meta.json)")
+    existing = [prefix + ext for ext in (".bin", ".idx") if os.path.lexists(prefix + ext)]
+    if existing and not overwrite:
+        raise UsageError(f"{' and '.join(existing)} already exist (a prepared dataset, which a run may be reading): "
+                         "give --overwrite to replace it, or another --out")
