@@ -53,6 +53,8 @@ def load_metrics(run_dir: str, warn=None) -> list[dict]:
     default), as a resumed run drops it (reliability/run_dir.keep_steps_before); any other line that is
     not a record is an error."""
     path = os.path.join(run_dir, "metrics.jsonl")
+    if os.path.isfile(run_dir):
+        raise UsageError(f"{run_dir} is a file: give the run directory that holds metrics.jsonl (a training run's --out)")
     if not os.path.isdir(run_dir):
         raise UsageError(f"run directory {run_dir} does not exist: give the --out directory of a training run")
     if not os.path.isfile(path):

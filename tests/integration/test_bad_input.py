@@ -119,6 +119,9 @@ CASES = [
     ("data-info-missing", "data info nowhere/prefix", "nowhere/prefix"),
     ("report-missing-run", "report nowhere", "nowhere"),
     ("report-out-under-a-file", "report arun --out binary.yaml/plots", "binary.yaml is a file"),
+    ("report-metrics-file-as-run", "report arun/metrics.jsonl", "is a file: give the run directory"),
+    ("report-baseline-negative", "report arun --loss-baseline -1", "--loss-baseline is a loss in nats"),
+    ("report-baseline-nan", "report arun --loss-baseline nan", "--loss-baseline is a loss in nats"),
     # schedules (train.warmup_steps longer than the run is a warning: test_orphans.py)
     ("schedule-lr-zero", "train --recipe lr0.yaml", "train.lr must be > 0"),
     ("schedule-lr-negative", "train --recipe lrneg.yaml", "train.lr must be > 0"),

@@ -1,6 +1,7 @@
 """`hybridpar report RUN_DIR`: summary table and loss/throughput curves of a training run."""
 from __future__ import annotations
 
+import math
 import os
 
 from hybridpar.errors import UsageError
@@ -21,6 +22,9 @@ def add_arguments(p):
 def run(args) -> int:
     from hybridpar.observe.report import format_summary, load_metrics, plot, summarize
 
+    baseline = args.loss_baseline
+    if baseline is not None and not 0 <= baseline < math.inf:
+        raise UsageError(f"--loss-baseline is a loss in nats per token, a finite number >= 0; got {baseline}")
     records = load_metrics(args.run_dir)
     out = args.out or args.run_dir
     why = None if args.no_plots else why_not_writable(out)
