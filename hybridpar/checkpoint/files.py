@@ -147,11 +147,25 @@ def complete_steps(save_dir: str) -> list[int]:
     return sorted(steps)
 
 
+def refuse_missing_dir(path: str) -> None:
+    """CheckpointError naming what ``path`` is when it is not a directory to load from."""
+    if os.path.isfile(path):
+        raise CheckpointError(f"{path} is a file: give a save directory or one of its step-NNNNNN directories")
+    if not os.path.isdir(path):
+        raise CheckpointError(f"checkpoint directory {path} does not exist")
+
+
+def no_checkpoint_in(path: str) -> CheckpointError:
+    """The error for a directory with no complete checkpoint; a run directory's are in its ckpt/."""
+    hint = f"; a run's checkpoints are in its save directory, e.g. {os.path.join(path, 'ckpt')}" if (
+        os.path.isdir(os.path.join(path, "ckpt"))) else ""
+    return CheckpointError(f"no complete checkpoint in {path} (no step-NNNNNN/{MANIFEST}, no valid '{LATEST}'){hint}")
+
+
 def resolve(path: str) -> str:
     """The step directory to load: ``path`` itself when it holds a manifest, else the checkpoint
     that ``path/latest`` names, else the newest complete ``step-*`` in ``path``."""
-    if not os.path.isdir(path):
-        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    refuse_missing_dir(path)
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path
     pointer = os.path.join(path, LATEST)
@@ -162,7 +176,7 @@ def resolve(path: str) -> str:
             return os.path.join(path, name)
     steps = complete_steps(path)
     if not steps:
-        raise CheckpointError(f"no complete checkpoint in {path} (no step-NNNNNN/{MANIFEST}, no valid '{LATEST}')")
+        raise no_checkpoint_in(path)
     return os.path.join(path, step_dir_name(steps[-1]))
 
 

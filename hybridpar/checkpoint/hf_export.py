@@ -42,6 +42,8 @@ class ExportConfig:
 
 
 def check_out_dir(out_dir: str, overwrite: bool) -> None:
+    if not out_dir.strip():
+        raise UsageError("OUT_DIR is empty: name the Hugging Face directory to create, e.g. hf/my-model")
     if os.path.exists(out_dir) and not os.path.isdir(out_dir):
         raise UsageError(f"{out_dir} exists and is not a directory")
     why = why_not_writable(out_dir)

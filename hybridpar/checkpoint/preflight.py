@@ -10,7 +10,8 @@ import os
 from dataclasses import dataclass, field
 
 from hybridpar.checkpoint.compat import check_compatible
-from hybridpar.checkpoint.files import LATEST, MANIFEST, CheckpointError, Manifest, read_manifest, step_dir_name, verify, STEP_DIR
+from hybridpar.checkpoint.files import (LATEST, MANIFEST, STEP_DIR, CheckpointError, Manifest, no_checkpoint_in, read_manifest,
+                                       refuse_missing_dir, step_dir_name, verify)
 
 # Up to this size the pre-launch check also verifies checksums (a few seconds of reading);
 # above it the ranks verify them while loading, each file once, spread over all ranks.
@@ -55,8 +56,7 @@ def inspect_resume(path: str, plan) -> Found:
     """The checkpoint that ``path`` resumes from; CheckpointError when there is none that is
     complete and intact (a file missing, of the wrong size, or failing its checksum) or it is of
     another model."""
-    if not os.path.isdir(path):
-        raise CheckpointError(f"checkpoint directory {path} does not exist")
+    refuse_missing_dir(path)
     if os.path.isfile(os.path.join(path, MANIFEST)) or STEP_DIR.match(os.path.basename(os.path.normpath(path))):
         return Found(path, _usable(path, plan))
     skipped = []
@@ -69,4 +69,4 @@ def inspect_resume(path: str, plan) -> Found:
             skipped.append(Skipped(step_dir, step, str(err)))
     if skipped:
         raise CheckpointError(f"no usable checkpoint in {path}: the newest, {skipped[0].path}, is unusable: {skipped[0].reason}")
-    raise CheckpointError(f"no complete checkpoint in {path} (no step-NNNNNN/{MANIFEST}, no valid '{LATEST}')")
+    raise no_checkpoint_in(path)

@@ -181,6 +181,11 @@ def test_export_hf_bad_input(tmp_path, capsys):
     _one_line_exit_2(capsys, ["export-hf", str(tmp_path), str(tmp_path / "o"), "--max-shard-size", "5XB"], "--max-shard-size")
     _one_line_exit_2(capsys, ["export-hf", str(tmp_path), str(tmp_path / "o"), "--dtype", "fp8"], "--dtype")
     _one_line_exit_2(capsys, ["export-hf", str(tmp_path), str(tmp_path / "o")], "no complete checkpoint")
+    _one_line_exit_2(capsys, ["export-hf", str(tmp_path), ""], "OUT_DIR is empty")  # was a traceback after the export
+    _one_line_exit_2(capsys, ["export-hf", str(busy / "keep.txt"), str(tmp_path / "o")], "is a file: give a save directory")
+    (tmp_path / "busy" / "ckpt").mkdir()
+    _one_line_exit_2(capsys, ["export-hf", str(busy), str(tmp_path / "o")], f"checkpoints are in its save directory, e.g. {busy / 'ckpt'}")
+    (tmp_path / "busy" / "ckpt").rmdir()
     assert sorted(os.listdir(tmp_path)) == ["busy"] and (busy / "keep.txt").read_text() == "another run's file"
 
 
