@@ -47,6 +47,11 @@ def apply(recipe, args, out: str):
         value = getattr(args, key, None)
         if value is not None and value < 0:
             raise UsageError(f"--{key.replace('_', '-')} must be >= 0, got {value}")
+    if args.no_save:
+        saving = [flag for flag, given in (("--save-dir", args.save_dir), ("--save-every", args.save_every is not None),
+                                           ("--keep-last", args.keep_last is not None), ("--sync-save", args.sync_save)) if given]
+        if saving:
+            raise UsageError(f"--no-save contradicts {', '.join(saving)}: give one or the other")
     if args.init_from_hf and args.resume and args.resume != AUTO:
         raise UsageError("--init-from-hf and --resume both give the first weights: choose one")
     keys = ("save_every", "keep_last", "init_from_hf")

@@ -101,6 +101,8 @@ def test_bad_resume_input_is_one_line_exit_2_before_any_process_group(runs, tmp_
         (train + ["--resume", str(base / "ckpt" / "step-000004"), "--steps", "8"],
          ["trained with total steps 6, this run has 8 (--steps)", "--allow-changes"]),
         (train + ["--resume", str(base / "ckpt" / "step-000004"), "--seed", "3"], ["seed 0", "--allow-changes"]),
+        (train + ["--resume", str(base / "ckpt" / "step-000004"), "--stop-at-step", "4"], ["not after step 4", "resumes"]),
+        (train + ["--resume", str(base)], ["no complete checkpoint", f"e.g. {base / 'ckpt'}"]),
         # a fresh run into the first run's directories
         (train + ["--out", str(base / "run1"), "--save-dir", str(base / "ckpt")],
          ["already holds a run", "--resume auto", "--overwrite"]),

@@ -76,7 +76,9 @@ def checked_recipe(args, world: int):
     recipe = load_recipe(args.recipe)
     flags = {k: getattr(args, k) for k in OVERRIDES}
     for key, value in flags.items():
-        if isinstance(value, int) and (value < 0 or (value == 0 and key not in ("zero", "seed"))):
+        if isinstance(value, int) and key in ("zero", "seed") and value < 0:
+            raise UsageError(f"--{key} must be 0 or a positive integer, got {value}")
+        if isinstance(value, int) and key not in ("zero", "seed") and value < 1:
             raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
     if args.stop_at_step is not None and args.stop_at_step < 1:
         raise UsageError(f"--stop-at-step must be a positive step number, got {args.stop_at_step}")
@@ -86,7 +88,11 @@ def checked_recipe(args, world: int):
         raise UsageError("--overwrite deletes the run that --resume would continue: give one of them")
     recipe = with_overrides(recipe, **flags)
     recipe = watch_flags.apply(reliability_flags.apply(recipe, args), args)
-    return recipe.validate(world)
+    recipe = recipe.validate(world)
+    if args.stop_at_step is not None and args.stop_at_step > recipe.train.steps:
+        raise UsageError(f"--stop-at-step {args.stop_at_step} is beyond the run's last step {recipe.train.steps}: "
+                         "it would never stop there; give a step up to --steps")
+    return recipe
 
 
 def prepare(args):
@@ -101,6 +107,9 @@ def prepare(args):
     recipe = checked_recipe(args, _world(args))
     out = args.out or os.path.join("runs", recipe.name)
     recipe, checkpoint = checkpoint_flags.apply(recipe, args, out)
+    if args.stop_at_step is not None and checkpoint.resumed_step and args.stop_at_step <= checkpoint.resumed_step:
+        raise UsageError(f"--stop-at-step {args.stop_at_step} is not after step {checkpoint.resumed_step}, where this "
+                         "run resumes: give a later step")
     cuda = _refuse_silent_cpu(recipe, args)
     if cuda:
         _refuse_more_ranks_than_gpus(args.nproc)
