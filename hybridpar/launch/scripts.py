@@ -11,6 +11,7 @@ replicas; when a replica is smaller than a node, each node holds whole replicas.
 """
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -89,6 +90,25 @@ def node_commands(spec: LaunchSpec) -> str:
         shown = _ranges(replicas)
         lines.append(f"#   node {node}: DP replica(s) {shown}")
     return "\n".join(lines) + "\n"
+
+
+# sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
+# days-hours:minutes:seconds, or no limit (sbatch(1)).
+SLURM_TIME = re.compile(r"(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2}|unlimited|infinite)", re.IGNORECASE)
+
+
+def slurm_seconds(limit: str) -> int | None:
+    """Seconds in a SLURM time limit (a SLURM_TIME), None for no limit."""
+    if limit.lower() in ("unlimited", "infinite"):
+        return None
+    days, _, clock = limit.rpartition("-")
+    parts = [int(x) for x in clock.split(":")]
+    if days:  # days-hours[:minutes[:seconds]]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+        return ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    if len(parts) == 3:  # hours:minutes:seconds
+        return (parts[0] * 60 + parts[1]) * 60 + parts[2]
+    return parts[0] * 60 + (parts[1] if len(parts) == 2 else 0)  # minutes[:seconds]
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ def test_launch_writes_torchrun_and_sbatch(tmp_path):
     (["--nodes", "2", "--gpus-per-node", "4", "--partition", "x"], "--partition only applies with --slurm"),
     (["--nodes", "2", "--gpus-per-node", "4", "--slurm", "--time", "two days"], "is not a SLURM time limit"),
     (["--nodes", "2", "--gpus-per-node", "4", "--slurm", "--partition", "gpu a100"], "is not a SLURM partition name"),
+    (["--nodes", "2", "--gpus-per-node", "4", "--slurm", "--time", "0:05:00"], "save and stop 300 s before its limit"),
     # train flags after -- are parsed and checked as train would on every node
     (["--nodes", "2", "--gpus-per-node", "4", "--", "--stpes", "3"], "the train flags after --: unrecognized arguments --stpes 3; did you mean --steps?"),
     (["--nodes", "2", "--gpus-per-node", "4", "--", "--steps", "0"], "--steps must be a positive integer"),

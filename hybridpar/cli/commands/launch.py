@@ -15,9 +15,6 @@ from hybridpar.files import write_atomic
 
 HELP = "write multi-node torchrun commands (c10d rendezvous) and, with --slurm, an sbatch script"
 
-# sbatch --time: minutes, minutes:seconds, hours:minutes:seconds, days-hours, days-hours:minutes,
-# days-hours:minutes:seconds, or no limit (sbatch(1)).
-SLURM_TIME = re.compile(r"(\d+-\d+(:\d+){0,2}|\d+(:\d+){0,2}|unlimited|infinite)", re.IGNORECASE)
 # Train flags that launch's own options or its launcher decide, and what to give instead.
 OWNED_TRAIN_FLAGS = {
     "recipe": "give the recipe as launch's --recipe",
@@ -94,8 +91,14 @@ def run(args) -> int:
 
 
 def _check_slurm_options(args) -> None:
+    from hybridpar.launch.scripts import SLURM_TIME, SlurmOptions, slurm_seconds
+
     if not SLURM_TIME.fullmatch(args.time):
         raise UsageError(f"--time {args.time!r} is not a SLURM time limit; give e.g. 48:00:00, 2-00:00:00 or 90 (minutes)")
+    seconds, lead = slurm_seconds(args.time), SlurmOptions.signal_lead_s
+    if seconds is not None and seconds <= lead:
+        raise UsageError(f"--time {args.time} leaves no time to train: the job is told to save and stop {lead} s before "
+                         "its limit; give a longer --time")
     if args.partition is not None and not re.fullmatch(r"[^\s#'\"]+", args.partition):
         raise UsageError(f"--partition {args.partition!r} is not a SLURM partition name (a comma-separated list "
                          "without spaces or quotes)")
