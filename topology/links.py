@@ -13,7 +13,9 @@ from .software import HYBRIDPAR, Software
 
 # Fraction of a link's peak that NCCL collectives reach as bus bandwidth (nccl-tests on DGX
 # A100/H100 reach roughly 75-85% of NVLink and InfiniBand peak; DeepSeek-V3 measures 160 of
-# H800's 200 GB/s NVLink) [S]. Assumed, not fitted.
+# H800's 200 GB/s NVLink) [S]. Assumed, not fitted. Check on A100: 8 A100 80GB through NVSwitch (Azure
+# NDm A100 v4, NCCL 2.17.1, 1 GB in place) reach 231 GB/s all-reduce and 254 GB/s all-gather bus
+# bandwidth (microsoft/mscclpp docs/performance-ndmv4.md) [M], against 0.8 x 300 = 240 here.
 LINK_EFFICIENCY = 0.8
 # Per-call latency of a collective: NCCL's own tuning model (NVIDIA/nccl src/graph/tuning.cc,
 # ncclTopoTuneModel, Ring/Simple, the protocol of large messages): baseLat 8.4 us, plus hwLat per ring
