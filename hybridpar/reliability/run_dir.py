@@ -54,6 +54,15 @@ def previous_run(dirs: RunDirs) -> list[str]:
     return found
 
 
+def _holders(dirs: RunDirs, found: list[str]) -> list[str]:
+    """The directories to name for what previous_run found: --out, and --save-dir where it lies outside it
+    (another run's checkpoints, which --overwrite would delete)."""
+    out = os.path.abspath(dirs.out) + os.sep
+    inside = [p for p in found if os.path.abspath(p).startswith(out)]
+    outside = sorted({os.path.dirname(p) for p in found if p not in inside})
+    return ([dirs.out] if inside else []) + outside
+
+
 def remove_previous_run(dirs: RunDirs) -> None:
     for name in RUN_FILES:
         path = os.path.join(dirs.out, name)
@@ -119,8 +128,9 @@ def claim(dirs: RunDirs, resuming: bool, overwrite: bool) -> RunClaim:
             found = previous_run(dirs)
             if found and not overwrite:
                 shown = ", ".join(found[:3]) + (f" and {len(found) - 3} more" if len(found) > 3 else "")
-                raise UsageError(f"{dirs.out} already holds a run ({shown}); continue it with --resume auto, or "
-                                 f"delete it and start over with --overwrite")
+                holders = _holders(dirs, found)
+                raise UsageError(f"{' and '.join(holders)} already hold{'s' if len(holders) == 1 else ''} a run ({shown}); "
+                                 f"continue it with --resume auto, or delete it and start over with --overwrite")
             if found:
                 remove_previous_run(dirs)
     except BaseException:

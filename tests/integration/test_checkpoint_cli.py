@@ -105,7 +105,7 @@ def test_bad_resume_input_is_one_line_exit_2_before_any_process_group(runs, tmp_
         (train + ["--resume", str(base)], ["no complete checkpoint", f"e.g. {base / 'ckpt'}"]),
         # a fresh run into the first run's directories
         (train + ["--out", str(base / "run1"), "--save-dir", str(base / "ckpt")],
-         ["already holds a run", "--resume auto", "--overwrite"]),
+         ["already hold", "a run", "--resume auto", "--overwrite"]),
         (train + ["--resume", "auto", "--overwrite"], ["give one of them"]),
     ]
     for argv, fragments in cases:

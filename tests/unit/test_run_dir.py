@@ -36,6 +36,19 @@ def test_a_fresh_run_never_mixes_with_an_earlier_one(tmp_path):
     assert os.listdir(out / "ckpt") == [LOCK_NAME]
 
 
+def test_a_save_dir_holding_another_runs_checkpoints_is_named(tmp_path):
+    """A fresh --out with --save-dir on an earlier run's checkpoints: the error names the save directory
+    (which --overwrite would empty), not the new, empty run directory."""
+    _previous_run(tmp_path / "old")
+    dirs = RunDirs(str(tmp_path / "new"), str(tmp_path / "old" / "ckpt"))
+    with pytest.raises(UsageError) as err:
+        claim(dirs, resuming=False, overwrite=False)
+    assert str(err.value).startswith(f"{tmp_path / 'old' / 'ckpt'} already holds a run ({tmp_path / 'old' / 'ckpt' / 'latest'}")
+    (tmp_path / "new" / "metrics.jsonl").write_text('{"step": 1}\n')
+    with pytest.raises(UsageError, match=r"new and .*old/ckpt already hold a run"):
+        claim(dirs, resuming=False, overwrite=False)
+
+
 def test_a_resumed_run_rewrites_the_steps_after_its_checkpoint(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s}) + "\n" for s in (1, 2, 3, 4, 5)) + '{"step": 6, "lo')
