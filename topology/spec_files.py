@@ -28,17 +28,48 @@ def read_mapping(path_text: str, what: str, error: type[Exception]) -> dict:
     except (OSError, UnicodeDecodeError) as err:
         raise error(f"{what} file {path_text} is unreadable: {err}") from None
     try:
-        if path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            import yaml  # only needed for YAML files
-
-            data = yaml.safe_load(text)
+        data = json.loads(text, object_pairs_hook=_unique_keys) if path.suffix == ".json" else _load_yaml(text)
+    except DuplicateKey as err:
+        raise error(f"{what} file {path_text} has the key '{err.key}' twice{err.where}: the later one would "
+                    "silently win; keep one") from None
     except Exception as err:  # json.JSONDecodeError or yaml.YAMLError
         raise error(f"{what} file {_where(path_text, err)} is malformed: {_problem(err)}") from None
     if not isinstance(data, dict):
         raise error(f"{path_text}: expected a mapping of {what} keys, got {type(data).__name__}")
     return data
+
+
+class DuplicateKey(ValueError):
+    def __init__(self, key, where: str = ""):
+        super().__init__(key)
+        self.key, self.where = key, where
+
+
+def _unique_keys(pairs: list) -> dict:
+    """json's object_pairs_hook: a mapping that names a key twice is refused (json.loads keeps the last)."""
+    seen = {}
+    for key, value in pairs:
+        if key in seen:
+            raise DuplicateKey(key)
+        seen[key] = value
+    return seen
+
+
+def _load_yaml(text: str):
+    """yaml.safe_load, refusing a mapping that names a key twice (PyYAML keeps the last)."""
+    import yaml  # only needed for YAML files
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise DuplicateKey(key, f" (line {key_node.start_mark.line + 1})")
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return yaml.load(text, Loader=UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
 
 
 def _where(path_text: str, err: Exception) -> str:

@@ -25,6 +25,8 @@ Extension points: a new section is one dataclass in ``SECTIONS``; data sources a
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Optional, Union, get_args, get_origin, get_type_hints
@@ -302,8 +304,8 @@ def _type_ok(value, hint) -> bool:
         return isinstance(value, bool)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
-    if hint is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is float:  # YAML reads .nan and .inf as floats: no rate, decay or time is one
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
     if hint is str:
         return isinstance(value, str)
     return True
@@ -312,7 +314,7 @@ def _type_ok(value, hint) -> bool:
 def _type_name(hint) -> str:
     if get_origin(hint) is Union:
         return " or ".join(_type_name(h) for h in get_args(hint) if h is not type(None))
-    return {int: "an integer", float: "a number", bool: "true/false", str: "a string"}.get(hint, str(hint))
+    return {int: "an integer", float: "a finite number", bool: "true/false", str: "a string"}.get(hint, str(hint))
 
 
 def _section(cls, data, name: str):

@@ -40,6 +40,8 @@ FILES = {
     "binary.yaml": b"\xff\xfe\x00garbage",
     "overpeak_gpu.yaml": "base: h100-80gb\ngemm_fraction: 1.2\n",
     "lr0.yaml": "model: tiny\ntrain: {global_batch: 16, seq_len: 32, lr: 0}\n",
+    "lrnan.yaml": "model: tiny\ntrain: {global_batch: 16, seq_len: 32, lr: .nan}\n",
+    "twice.yaml": "model: tiny\ntrain:\n  lr: 0.1\n  seq_len: 32\n  lr: 0.2\n",
     "lrneg.yaml": "model: tiny\ntrain: {global_batch: 16, seq_len: 32, lr: -1.0e-3}\n",
     "minlr.yaml": "model: tiny\ntrain: {global_batch: 16, seq_len: 32, lr: 1.0e-3, min_lr: 1.0e-2}\n",
     "minlr_default.yaml": "model: tiny\ntrain: {global_batch: 16, seq_len: 32, lr: 1.0e-5}\n",
@@ -76,7 +78,7 @@ CASES = [
     # recipe files, through train
     ("recipe-unknown-key", "train --recipe unknown.yaml", "unknown key 'bogus'"),
     ("recipe-unknown-nested-key", "train --recipe unknown_nested.yaml", "train.learning_rate"),
-    ("recipe-wrong-type", "train --recipe wrongtype.yaml", "must be a number"),
+    ("recipe-wrong-type", "train --recipe wrongtype.yaml", "must be a finite number"),
     ("recipe-bool-as-int", "train --recipe bool_as_int.yaml", "global_batch"),
     ("recipe-truncated", "train --recipe truncated.yaml", "malformed"),
     ("recipe-not-a-mapping", "train --recipe notamapping.yaml", "mapping"),
@@ -128,6 +130,8 @@ CASES = [
     ("report-baseline-nan", "report arun --loss-baseline nan", "--loss-baseline is a loss in nats"),
     # schedules (train.warmup_steps longer than the run is a warning: test_orphans.py)
     ("schedule-lr-zero", "train --recipe lr0.yaml", "train.lr must be > 0"),
+    ("recipe-lr-nan", "train --recipe lrnan.yaml", "'train.lr' must be a finite number, got nan"),
+    ("recipe-key-twice", "train --recipe twice.yaml", "has the key 'lr' twice (line 5)"),
     ("schedule-lr-negative", "train --recipe lrneg.yaml", "train.lr must be > 0"),
     ("schedule-min-lr-above-lr", "train --recipe minlr.yaml", "train.min_lr 0.01 is above train.lr 0.001"),
     ("schedule-default-min-lr-above-lr", "train --recipe minlr_default.yaml", "min_lr 3e-05 (its default)"),

@@ -80,7 +80,7 @@ def _bad_cases(tmp_path):
         "no world": (["--recipe", tiny], "world size 1 != tp x cp x pp x dp"),
         "unknown key": ([ "--recipe", _write(tmp_path, "k.yaml", "model: tiny\ntrain: {global_batch: 8, seq_len: 8, stepz: 3}\n")], "unknown key 'train.stepz'"),
         "unknown section": (["--recipe", _write(tmp_path, "s.yaml", "model: tiny\noptimizer: {}\n")], "unknown key 'optimizer'"),
-        "wrong type": (["--recipe", _write(tmp_path, "t.yaml", "model: tiny\ntrain: {global_batch: 8, seq_len: 8, lr: fast}\n")], "'train.lr' must be a number"),
+        "wrong type": (["--recipe", _write(tmp_path, "t.yaml", "model: tiny\ntrain: {global_batch: 8, seq_len: 8, lr: fast}\n")], "'train.lr' must be a finite number"),
         "seq % 2cp": (["--recipe", _write(tmp_path, "c.yaml", "model: tiny\nparallel: {cp: 2}\ntrain: {global_batch: 8, seq_len: 6}\n"), "--nproc", "2"], "seq_len 6 not divisible by 2 x cp = 4"),
         "unknown model": (["--recipe", _write(tmp_path, "m.yaml", "model: giant\ntrain: {global_batch: 8, seq_len: 8}\n")], "unknown model 'giant'"),
         "missing recipe": (["--recipe", str(tmp_path / "nope.yaml")], "not found"),
