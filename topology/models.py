@@ -6,6 +6,7 @@ kv_heads, vocab and the MLP kind ("swiglu": 3-matrix gated MLP; "gelu": 2-matrix
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
+from math import inf
 from pathlib import Path
 
 from .spec_files import names_a_file, read_mapping
@@ -35,7 +36,7 @@ class ModelSpec:
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ModelSpecError(f"model {key} must be a positive integer, got {value!r}")
-        if isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, (int, float)) or self.rope_theta <= 0:
+        if isinstance(self.rope_theta, bool) or not isinstance(self.rope_theta, (int, float)) or not 0 < self.rope_theta < inf:
             raise ModelSpecError(f"model rope_theta must be a positive number, got {self.rope_theta!r}")
         if self.mlp not in MLP_KINDS:
             raise ModelSpecError(f"model mlp must be one of {', '.join(MLP_KINDS)}, got {self.mlp!r}")

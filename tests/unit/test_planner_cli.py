@@ -116,6 +116,8 @@ def test_bad_input_is_one_line_exit_2(argv, message, capsys):
     ("layers: [1, 2\n", ".yaml", "malformed"),
     ('{"layers": 2, "layers": 3}', ".json", "has the key 'layers' twice"),
     ("layers: 2\nhidden: 64\nlayers: 3\n", ".yaml", "has the key 'layers' twice (line 3)"),
+    ('{"layers": 2, "hidden": 64, "ffn_hidden": 128, "heads": 4, "kv_heads": 4, "vocab": 10, "mlp": "swiglu", '
+     '"rope_theta": NaN}', ".json", "rope_theta must be a positive number, got nan"),
     ('{"layers": 2, "hidden": 64, "ffn_hidden": 128, "heads": 4, "kv_heads": 3, "vocab": 10, "mlp": "swiglu"}',
      ".json", "not divisible by kv_heads"),
 ])
