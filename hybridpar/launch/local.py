@@ -37,6 +37,27 @@ def launcher_world_size() -> int | None:
     return int(os.environ["WORLD_SIZE"]) if under_launcher() else None
 
 
+def launcher_env_problem() -> str | None:
+    """What is wrong with a launcher's environment (RANK and WORLD_SIZE set) for torch's env://
+    rendezvous, named before torch reads it (its own errors are tracebacks); None when it is whole."""
+    env = os.environ
+    numbers = {}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"):
+        if key in env:
+            try:
+                numbers[key] = int(env[key])
+            except ValueError:
+                return f"{key}={env[key]!r} is not an integer"
+    if numbers["WORLD_SIZE"] < 1 or not 0 <= numbers["RANK"] < numbers["WORLD_SIZE"]:
+        return f"RANK={numbers['RANK']} is not a rank of WORLD_SIZE={numbers['WORLD_SIZE']}"
+    missing = [key for key in ("MASTER_ADDR", "MASTER_PORT") if not env.get(key)]
+    if missing:
+        return f"{' and '.join(missing)} not set"
+    if not 1 <= numbers["MASTER_PORT"] <= 65535:
+        return f"MASTER_PORT={numbers['MASTER_PORT']} is not a port"
+    return None
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

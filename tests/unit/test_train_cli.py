@@ -135,3 +135,24 @@ def test_more_local_ranks_than_gpus_is_refused_before_any_starts(monkeypatch, la
         _refuse_more_ranks_than_gpus(None)
     else:
         _refuse_more_ranks_than_gpus(8)
+
+
+@pytest.mark.parametrize("launcher_env, message", [
+    ({"RANK": "0", "WORLD_SIZE": "8"}, "but MASTER_ADDR and MASTER_PORT not set"),
+    ({"RANK": "0", "WORLD_SIZE": "eight", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}, "WORLD_SIZE='eight' is not an integer"),
+    ({"RANK": "8", "WORLD_SIZE": "8", "MASTER_ADDR": "h", "MASTER_PORT": "29500"}, "RANK=8 is not a rank of WORLD_SIZE=8"),
+    ({"RANK": "0", "WORLD_SIZE": "8", "MASTER_ADDR": "h", "MASTER_PORT": "0"}, "MASTER_PORT=0 is not a port"),
+])
+def test_a_partial_launcher_environment_is_one_line(tmp_path, capsys, monkeypatch, no_ranks_may_start, launcher_env, message):
+    """RANK and WORLD_SIZE make train one rank of a launcher's job; without the rest of env://'s
+    variables torch would fail in a traceback, after the imports."""
+    from hybridpar.cli.main import main
+
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in launcher_env.items():
+        monkeypatch.setenv(key, value)
+    code = main(["train", "--recipe", str(TINY), "--out", str(tmp_path / "run")])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0] and "torchrun" in lines[0], lines
+    assert not (tmp_path / "run").exists()

@@ -55,9 +55,13 @@ def add_arguments(p):
 
 
 def _world(args) -> int:
-    from hybridpar.launch.local import launcher_world_size, under_launcher
+    from hybridpar.launch.local import launcher_env_problem, launcher_world_size, under_launcher
 
     if under_launcher():
+        problem = launcher_env_problem()
+        if problem:
+            raise UsageError(f"RANK and WORLD_SIZE are set, as a launcher sets them, but {problem}: start the ranks with "
+                             "torchrun (or `hybridpar launch`'s scripts), or unset RANK and WORLD_SIZE and use --nproc N")
         return launcher_world_size()
     if args.nproc is not None:
         if args.nproc < 1:
