@@ -96,6 +96,7 @@ BAD = [
     (["--model", "llama3-8b", "--gpus", "8", "--zero", "4"], "--zero"),
     (["--model", "llama3-8b", "--gpus", "8", "--gpu", "a100-80gb", "--precision", "fp8"], "fp8"),
     (["--model", "llama3-405b", "--gpus", "8"], "no feasible plan"),
+    (["--validate", "--gpus", "8", "--software", "megatron-core"], "--gpus, --software would be ignored"),
 ]
 
 

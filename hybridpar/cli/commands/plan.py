@@ -184,8 +184,18 @@ def build_request(args) -> tuple[Request, int]:
     return req, args.top
 
 
+# Defaults of the planning flags that are not None or False (add_arguments): --validate takes none of them.
+_PLANNING_DEFAULTS = {"precision": "bf16", "software": "hybridpar", "headroom": 0.0, "top": 5}
+
+
 def run(args) -> int:
     if args.validate:
+        given = [k for k, v in vars(args).items() if k not in ("command", "validate", "json")
+                 and v not in (None, False) and v != _PLANNING_DEFAULTS.get(k)]
+        if given:
+            flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
+            raise UsageError(f"--validate costs each published run with its own layout and stack: {flags} would be "
+                             "ignored; drop it, or plan with --model/--recipe")
         print(json.dumps(validation_json(), indent=1) if args.json else render_validation())
         return 0
     req, top = build_request(args)
