@@ -128,6 +128,7 @@ CASES = [
     ("report-metrics-file-as-run", "report arun/metrics.jsonl", "is a file: give the run directory"),
     ("report-baseline-negative", "report arun --loss-baseline -1", "--loss-baseline is a loss in nats"),
     ("report-baseline-nan", "report arun --loss-baseline nan", "--loss-baseline is a loss in nats"),
+    ("report-out-without-plots", "report arun --out plots --no-plots", "--out only shapes the plots"),
     # schedules (train.warmup_steps longer than the run is a warning: test_orphans.py)
     ("schedule-lr-zero", "train --recipe lr0.yaml", "train.lr must be > 0"),
     ("recipe-lr-nan", "train --recipe lrnan.yaml", "'train.lr' must be a finite number, got nan"),

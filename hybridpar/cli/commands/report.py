@@ -23,6 +23,10 @@ def run(args) -> int:
     from hybridpar.observe.report import format_summary, load_metrics, plot, summarize
 
     baseline = args.loss_baseline
+    ignored = [flag for flag, value in (("--out", args.out), ("--loss-baseline", baseline)) if value is not None]
+    if args.no_plots and ignored:
+        verb = "shapes" if len(ignored) == 1 else "shape"
+        raise UsageError(f"{' and '.join(ignored)} only {verb} the plots, which --no-plots leaves out: drop one or the other")
     if baseline is not None and not 0 <= baseline < math.inf:
         raise UsageError(f"--loss-baseline is a loss in nats per token, a finite number >= 0; got {baseline}")
     records = load_metrics(args.run_dir)
