@@ -33,4 +33,8 @@ def apply(recipe, args):
             low = "a positive integer" if key == "timeout_s" else ">= 0"
             raise UsageError(f"--{key.replace('_', '-')} must be {low}, got {value}")
     changes = {k: getattr(args, k) for k in FLAGS if getattr(args, k, None) is not None}
-    return replace(recipe, reliability=replace(recipe.reliability, **changes)) if changes else recipe
+    recipe = replace(recipe, reliability=replace(recipe.reliability, **changes)) if changes else recipe
+    if getattr(args, "on_drift", None) and not recipe.reliability.check_replicas:
+        raise UsageError(f"--on-drift {args.on_drift} says what to do when a replica check finds drift, and this run checks "
+                         "none: add --check-replicas N")
+    return recipe
