@@ -52,6 +52,9 @@ def apply(recipe, args, out: str):
                                            ("--keep-last", args.keep_last is not None), ("--sync-save", args.sync_save)) if given]
         if saving:
             raise UsageError(f"--no-save contradicts {', '.join(saving)}: give one or the other")
+    if getattr(args, "allow_changes", False) and not args.resume:
+        raise UsageError("--allow-changes lets a resumed run differ from its checkpoint, and this run resumes nothing: "
+                         "add --resume, or drop --allow-changes")
     if args.init_from_hf and args.resume and args.resume != AUTO:
         raise UsageError("--init-from-hf and --resume both give the first weights: choose one")
     keys = ("save_every", "keep_last", "init_from_hf")

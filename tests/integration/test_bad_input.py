@@ -102,6 +102,7 @@ CASES = [
     ("train-global-batch", "train --recipe gbatch.yaml", "global batch 15 not divisible"),
     ("train-zero-steps", f"train --recipe {TINY} --steps 0", "--steps"),
     ("train-on-drift-without-checks", f"train --recipe {TINY} --nproc 8 --on-drift warn", "add --check-replicas N"),
+    ("train-allow-changes-without-resume", f"train --recipe {TINY} --nproc 8 --allow-changes", "add --resume"),
     ("train-negative-seed", f"train --recipe {TINY} --nproc 8 --seed -1", "--seed must be 0 or a positive integer"),
     ("train-stop-beyond-steps", f"train --recipe {TINY} --nproc 8 --stop-at-step 21", "beyond the run's last step 20"),
     ("train-no-save-and-save-every", f"train --recipe {TINY} --nproc 8 --no-save --save-every 5 --keep-last 1",
