@@ -58,3 +58,15 @@ def test_launch_bad_input_is_one_line_exit_2(tmp_path, args, message):
     assert res.returncode == 2
     assert message in res.stderr and len(res.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_train_flags_are_checked_as_the_script_runs_them(tmp_path):
+    """The sbatch script adds --resume auto, so --allow-changes is a flag it can use; torchrun.sh alone
+    resumes nothing, so there it is refused."""
+    slurm = _launch("--recipe", "recipes/tiny.yaml", "--nodes", "2", "--gpus-per-node", "4", "--slurm",
+                    "--out", str(tmp_path / "s"), "--", "--allow-changes")
+    assert slurm.returncode == 0, slurm.stderr
+    assert "--allow-changes --resume auto --out" in (tmp_path / "s" / "job.sbatch").read_text()
+    plain = _launch("--recipe", "recipes/tiny.yaml", "--nodes", "2", "--gpus-per-node", "4",
+                    "--out", str(tmp_path / "p"), "--", "--allow-changes")
+    assert plain.returncode == 2 and "add --resume" in plain.stderr and not (tmp_path / "p").exists()

@@ -125,4 +125,6 @@ def _train_flags(args) -> argparse.Namespace:
         if getattr(flags, key, None):
             raise UsageError(f"train flag --{key.replace('_', '-')} cannot go through launch: {fix}")
     flags.recipe = args.recipe
+    if args.slurm:
+        flags.resume = "auto"  # as the sbatch script runs it
     return flags
