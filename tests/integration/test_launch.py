@@ -41,9 +41,11 @@ def test_launch_writes_torchrun_and_sbatch(tmp_path):
     (["--nodes", "3", "--gpus-per-node", "4"], "world size 12 != tp x cp x pp x dp"),
     (["--nodes", "0"], "--nodes must be a positive integer"),
     (["--nodes", "2", "--gpus-per-node", "4", "--partition", "x"], "--partition only applies with --slurm"),
+    (["--nodes", "2", "--gpus-per-node", "4", "--run-dir", "r"], "--run-dir only applies with --slurm"),
     (["--nodes", "2", "--gpus-per-node", "4", "--slurm", "--time", "two days"], "is not a SLURM time limit"),
     (["--nodes", "2", "--gpus-per-node", "4", "--slurm", "--partition", "gpu a100"], "is not a SLURM partition name"),
     (["--nodes", "2", "--gpus-per-node", "4", "--slurm", "--time", "0:05:00"], "save and stop 300 s before its limit"),
+    (["--nodes", "2", "--gpus-per-node", "4", "--slurm", "--venv", "/nonexistent-venv"], "has no bin/activate"),
     # train flags after -- are parsed and checked as train would on every node
     (["--nodes", "2", "--gpus-per-node", "4", "--", "--stpes", "3"], "the train flags after --: unrecognized arguments --stpes 3; did you mean --steps?"),
     (["--nodes", "2", "--gpus-per-node", "4", "--", "--steps", "0"], "--steps must be a positive integer"),

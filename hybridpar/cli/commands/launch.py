@@ -54,8 +54,9 @@ def run(args) -> int:
         raise UsageError(f"--gpus-per-node must be a positive integer, got {args.gpus_per_node}")
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
-    if args.partition and not args.slurm:
-        raise UsageError("--partition only applies with --slurm")
+    for flag, value in (("--partition", args.partition), ("--venv", args.venv), ("--run-dir", args.run_dir)):
+        if value and not args.slurm:  # torchrun.sh trains into train's own --out, in the caller's environment
+            raise UsageError(f"{flag} only applies with --slurm")
     if args.cpus_per_task < 1:
         raise UsageError(f"--cpus-per-task must be a positive integer, got {args.cpus_per_task}")
     _check_slurm_options(args)
@@ -99,6 +100,9 @@ def _check_slurm_options(args) -> None:
     if seconds is not None and seconds <= lead:
         raise UsageError(f"--time {args.time} leaves no time to train: the job is told to save and stop {lead} s before "
                          "its limit; give a longer --time")
+    if args.venv and not os.path.isfile(os.path.join(args.venv, "bin", "activate")):
+        # the script changes to this directory and activates this path: the nodes share this filesystem
+        raise UsageError(f"--venv {args.venv} has no bin/activate; give the virtualenv the job should activate")
     if args.partition is not None and not re.fullmatch(r"[^\s#'\"]+", args.partition):
         raise UsageError(f"--partition {args.partition!r} is not a SLURM partition name (a comma-separated list "
                          "without spaces or quotes)")
