@@ -3,7 +3,7 @@
 every prediction its range, and the runs' shapes say where the planner has been checked at all.
 
 Runs: ../shared/cases/public_cases.json (14) and topology/data/validation_runs.json (the out-of-sample
-runs: NeMo recipes, one sweep of layouts on one cluster with the layouts of it that ran out of memory,
+runs: NeMo recipes, two sweeps of layouts of one model on one cluster, with the layouts that ran out of memory,
 and MosaicML's PyTorch FSDP benchmarks).
 Nothing here feeds back into the physics: the ranges are read off the errors, never used to correct
 the prediction.

@@ -1,6 +1,6 @@
 """Out-of-sample check: published runs the planner was not built on (topology/data/validation_runs.json:
-NVIDIA DGX Cloud benchmark recipes on H100, BigScience's sweep of 19 layouts of one 181B model on
-384 A100s, 3 of which ran out of memory, and MosaicML's MPT benchmarks under PyTorch FSDP on A100 and
+NVIDIA DGX Cloud benchmark recipes on H100, BigScience's two sweeps of layouts of one 181B model on
+384 A100s (19 layouts on 02-25, 3 of which ran out of memory; 7 micro-batch sizes of two layouts on 02-21), and MosaicML's MPT benchmarks under PyTorch FSDP on A100 and
 H100), each evaluated with its published layout through topology.cases. Timed runs predict MFU within
 15% (relative, the tolerance the public cases get in test_planner_cases.py) of the reported
 throughput converted to model-FLOPs MFU; memory verdicts match what happened; the sweep's layouts
@@ -28,6 +28,12 @@ _SWEEP = ("predicted high by 17-28%: costed on the stack the sweep ran (DeepSpee
 KNOWN_MISSES = {f"bloom-sweep-{k}": _SWEEP for k in (
     "tp8-pp6-dp8-mb6", "tp8-pp12-dp4-mb2", "tp8-pp4-dp12-mb2", "tp8-pp2-dp24-mb1",
     "tp8-pp2-dp24-mb2", "tp4-pp6-dp16-mb4", "tp4-pp6-dp16-mb2")}
+_SWEEP_0221 = ("predicted high by 19-28%: the 02-21 sweep, TP=8 on every row, before the 02-25 PCIe/NUMA fix that sped "
+               "every run 1-5% (its TP=8 PP=12 DP=4 micro-batch 4 took 123.7 s on 02-21 and 117.1 s on 02-25); the "
+               "planner ranks its micro-batch sizes at Spearman 0.714 but leans high as on the 02-25 TP=8 rows at "
+               "micro-batch 1-2; docs/planner.md, what is missing")
+KNOWN_MISSES.update({f"bloom-sweep0221-{k}": _SWEEP_0221 for k in (
+    "tp8-pp12-dp4-mb1", "tp8-pp12-dp4-mb2", "tp8-pp6-dp8-mb1", "tp8-pp6-dp8-mb2", "tp8-pp6-dp8-mb4")})
 _FSDP = ("PyTorch FSDP as MosaicML's llm-foundry ran it (Composer, 2023), costed with its own profiles (pytorch-fsdp: "
          "every gather and reduce-scatter hidden behind compute but for the SMs NCCL holds, each micro-batch's flat "
          "gradient moved through HBM) with its Triton attention and its fused 16-bit loss: its rows lean -1 to +45%, "
@@ -83,10 +89,14 @@ def test_memory_verdict_matches_what_happened(run):
     assert e.fits == (run.get("outcome", "ran") == "ran"), f"{e.memory.total / 2**30:.1f} GiB predicted"
 
 
-@pytest.mark.xfail(strict=True, reason="Spearman 0.556: the layouts with the most DP traffic and TP=8 at micro-batch "
-                                       "1-2 are predicted nearly as fast as the best (docs/planner.md, what is missing)")
-def test_layouts_of_one_sweep_rank_as_measured():
-    assert validation.summary().sweeps["bloom-tr11-2022-02-25"] >= 0.6
+@pytest.mark.parametrize("sweep", [
+    pytest.param("bloom-tr11-2022-02-25", marks=pytest.mark.xfail(strict=True, reason=(
+        "Spearman 0.556: the layouts with the most DP traffic and TP=8 at micro-batch 1-2 are predicted nearly as "
+        "fast as the best (docs/planner.md, what is missing)"))),
+    "bloom-tr11-2022-02-21",
+])
+def test_layouts_of_one_sweep_rank_as_measured(sweep):
+    assert validation.summary().sweeps[sweep] >= 0.6
 
 
 def test_issue_goal_median_error_within_10_percent():
@@ -94,14 +104,14 @@ def test_issue_goal_median_error_within_10_percent():
     assert validation.summary().median_abs_error <= 0.10
 
 
-@pytest.mark.xfail(strict=True, reason="bias +7.0% over 99 runs: the FSDP rows (MosaicML, costed with "
+@pytest.mark.xfail(strict=True, reason="bias +7.8% over 106 runs: the FSDP rows (MosaicML, costed with "
                                        "the pytorch-fsdp profiles) lean +10% and the A100 rows of the 2021-22 stacks +11% (docs/planner.md, "
                                        "what is missing)")
 def test_issue_goal_bias_within_5_percent():
     assert abs(validation.summary().signed_bias) <= 0.05
 
 
-@pytest.mark.xfail(strict=True, reason="the A100 rows lean +9.2% (80GB) and +10.6% (40GB): the 2021-22 stacks "
+@pytest.mark.xfail(strict=True, reason="the A100 rows lean +10.8% (80GB) and +10.6% (40GB): the 2021-22 stacks "
                                        "(Narayanan et al., BLOOM and its sweep: the sweep's TP=8 rows predicted fast "
                                        "inside a node) and the FSDP rows (docs/planner.md, what is missing)")
 def test_each_gpu_alone_meets_the_bias_goal():
@@ -180,7 +190,7 @@ def test_the_readme_quotes_the_current_validation():
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     for quoted in (f"over {s.timed} published runs", f"median |error| {s.median_abs_error:.1%}",
                    f"lean {s.signed_bias:+.1%} high", f"{s.memory_right} of {s.memory_checked} memory verdicts right",
-                   f"Spearman {s.sweeps['bloom-tr11-2022-02-25']:.3f}",
+                   f"Spearman {s.sweeps['bloom-tr11-2022-02-21']:.3f} and {s.sweeps['bloom-tr11-2022-02-25']:.3f}",
                    f"{s.by_gpu['h100-80gb'][2]:+.1%} on H100, {s.by_gpu['a100-80gb'][2]:+.1%} on A100 80GB and "
                    f"{s.by_gpu['a100-40gb'][2]:+.1%} on A100 40GB",
                    f"{s.by_stack['NeMo 1'][2]:+.1%} on NeMo 1 and {s.by_stack['NeMo 2'][2]:+.1%} on NeMo 2",
