@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import uuid
 from dataclasses import dataclass
@@ -55,8 +56,25 @@ def check_out_dir(out_dir: str, overwrite: bool) -> None:
         if runs:  # --overwrite replaces an earlier export, never a run or its checkpoints
             raise UsageError(f"{out_dir} holds a training run or checkpoints ({', '.join(runs[:3])}); --overwrite replaces "
                              f"only an earlier export: choose another OUT_DIR")
+        here = os.path.abspath(os.getcwd())
+        if (here + os.sep).startswith(os.path.abspath(out_dir) + os.sep):  # it cannot be replaced
+            raise UsageError(f"OUT_DIR {out_dir} holds the working directory; choose another OUT_DIR")
+        foreign = sorted(n for n in entries if not _written_by_export(n))
+        if foreign and overwrite:  # never delete what an export did not write
+            raise UsageError(f"{out_dir} holds files an export does not write ({', '.join(foreign[:3])}); --overwrite replaces "
+                             f"only an earlier export: choose another OUT_DIR")
+        if foreign and not overwrite:
+            raise UsageError(f"{out_dir} exists and is not empty ({', '.join(foreign[:3])}): choose another OUT_DIR")
         if entries and not overwrite:
-            raise UsageError(f"{out_dir} exists and is not empty: choose another OUT_DIR or pass --overwrite")
+            raise UsageError(f"{out_dir} holds an earlier export: pass --overwrite to replace it, or choose another OUT_DIR")
+
+
+def _written_by_export(name: str) -> bool:
+    """A file export_hf writes: config.json, the safetensors (one, or shards and their index), the tokenizer."""
+    from hybridpar.checkpoint.hf_tokenizer import COPIED
+
+    return (name in ("config.json", SINGLE_FILE, INDEX_FILE, "tokenizer.json", *COPIED)
+            or re.fullmatch(r"model-\d{5}-of-\d{5}\.safetensors", name) is not None)
 
 
 def shard_plan(layout: list[CanonicalParam], itemsize: int, max_bytes: int) -> dict[str, int]:

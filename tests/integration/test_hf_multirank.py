@@ -81,12 +81,12 @@ def test_trained_on_8_ranks_exported_gives_the_same_logits_in_transformers(tmp_p
     print(f"export (hf, bf16 weights, overwritten): max |logit diff| {diff:.2e}")
     assert 1e-5 < diff < 0.05
 
-    # --overwrite never replaces a run, its checkpoints, or any directory that holds the checkpoint
+    # --overwrite never replaces a run, its checkpoints, or a directory with anything but an export in it
     from hybridpar.errors import UsageError
 
     for out_dir, why in ((tmp_path / "ckpt", "holds a training run or checkpoints (.hybridpar.lock, latest, step-000003"),
                          (tmp_path / "run", "holds a training run or checkpoints (.hybridpar.lock, metrics.jsonl"),
-                         (tmp_path, "holds the checkpoint being exported")):
+                         (tmp_path, "holds files an export does not write (ckpt, hf, hf-sharded)")):
         with pytest.raises(UsageError, match=re.escape(why)):
             export_hf(ExportConfig(str(tmp_path / "ckpt"), str(out_dir), overwrite=True), print_fn=lambda *_: None)
     assert (tmp_path / "ckpt" / "step-000003" / "manifest.json").is_file() and (tmp_path / "run" / "metrics.jsonl").is_file()

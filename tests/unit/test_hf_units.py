@@ -172,12 +172,17 @@ def test_init_from_hf_bad_input(saved, tmp_path, capsys, no_ranks_may_start):
     _one_line_exit_2(capsys, train + [path, "--resume", str(tmp_path)], "choose one")
 
 
-def test_export_hf_bad_input(tmp_path, capsys):
+def test_export_hf_bad_input(tmp_path, capsys, monkeypatch):
     busy = tmp_path / "busy"
     busy.mkdir()
     (busy / "keep.txt").write_text("another run's file")
     _one_line_exit_2(capsys, ["export-hf", str(tmp_path / "nowhere"), str(tmp_path / "out")], "does not exist")
-    _one_line_exit_2(capsys, ["export-hf", str(tmp_path), str(busy)], "not empty")
+    _one_line_exit_2(capsys, ["export-hf", str(tmp_path), str(busy)], "exists and is not empty (keep.txt): choose another OUT_DIR")
+    # --overwrite replaces an earlier export only: a directory with anything else in it was deleted whole
+    _one_line_exit_2(capsys, ["export-hf", str(tmp_path), str(busy), "--overwrite"], "holds files an export does not write (keep.txt)")
+    monkeypatch.chdir(busy)
+    _one_line_exit_2(capsys, ["export-hf", str(tmp_path), ".", "--overwrite"], "holds the working directory")
+    monkeypatch.chdir(tmp_path)
     _one_line_exit_2(capsys, ["export-hf", str(tmp_path), str(tmp_path / "o"), "--max-shard-size", "5XB"], "--max-shard-size")
     _one_line_exit_2(capsys, ["export-hf", str(tmp_path), str(tmp_path / "o"), "--dtype", "fp8"], "--dtype")
     _one_line_exit_2(capsys, ["export-hf", str(tmp_path), str(tmp_path / "o")], "no complete checkpoint")
