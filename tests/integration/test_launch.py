@@ -72,3 +72,17 @@ def test_train_flags_are_checked_as_the_script_runs_them(tmp_path):
     plain = _launch("--recipe", "recipes/tiny.yaml", "--nodes", "2", "--gpus-per-node", "4",
                     "--out", str(tmp_path / "p"), "--", "--allow-changes")
     assert plain.returncode == 2 and "add --resume" in plain.stderr and not (tmp_path / "p").exists()
+
+
+def test_launch_replaces_its_own_files_never_anothers(tmp_path):
+    """Running launch again regenerates its scripts; a file of the same name that launch did not write
+    (a hand-made job script in the chosen --out) is left as it is and the command refused."""
+    args = ("--recipe", "recipes/tiny.yaml", "--nodes", "2", "--gpus-per-node", "4", "--slurm", "--out", str(tmp_path))
+    assert _launch(*args).returncode == 0
+    again = _launch(*args, "--", "--steps", "7")
+    assert again.returncode == 0, again.stderr
+    assert "--steps 7" in (tmp_path / "job.sbatch").read_text() and "--steps 7" in (tmp_path / "torchrun.sh").read_text()
+    (tmp_path / "job.sbatch").write_text("#!/bin/bash\n#SBATCH --job-name=mine\nsrun my_job\n")
+    refused = _launch(*args)
+    assert refused.returncode == 2 and "job.sbatch exists and was not written by hybridpar launch" in refused.stderr
+    assert (tmp_path / "job.sbatch").read_text().endswith("srun my_job\n")

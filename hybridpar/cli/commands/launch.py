@@ -73,6 +73,7 @@ def run(args) -> int:
         rdzv_port=args.port, job_id=f"hybridpar-{recipe.name}", extra_args=tuple(args.train_args),
     )
     out = Path(args.out or Path("launch") / recipe.name)
+    _refuse_foreign_files(out, ["torchrun.sh", *(["job.sbatch"] if args.slurm else [])])
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as err:
@@ -89,6 +90,24 @@ def run(args) -> int:
     print(node_commands(spec), end="")
     print("\nwrote " + ", ".join(map(str, written)))
     return 0
+
+
+# What the files launch writes begin with (launch/scripts.py): a file at their path without it is someone else's.
+OWN_MARKERS = {"torchrun.sh": "#!/usr/bin/env bash\n# hybridpar: ", "job.sbatch": "#!/bin/bash\n#SBATCH --job-name=hybridpar-"}
+
+
+def _refuse_foreign_files(out: Path, names: list[str]) -> None:
+    for name in names:
+        path = out / name
+        if not path.exists():
+            continue
+        try:
+            with open(path, errors="replace") as f:
+                head = f.read(len(OWN_MARKERS[name]))
+        except OSError as err:
+            raise UsageError(f"cannot read {path}: {err.strerror}; choose another --out") from None
+        if head != OWN_MARKERS[name]:
+            raise UsageError(f"{path} exists and was not written by hybridpar launch; choose another --out")
 
 
 def _check_slurm_options(args) -> None:
