@@ -146,9 +146,30 @@ def format_summary(s: Summary) -> str:
     return "\n".join(f"{k:<12} {v}" for k, v in rows)
 
 
+# Written into every plot's PNG text chunk: a loss.png or throughput.png without it is someone else's.
+PNG_SOFTWARE = "hybridpar report"
+PLOTS = ("loss.png", "throughput.png")
+
+
+def foreign_plots(out_dir: str) -> list[str]:
+    """The plot paths in out_dir that hold a file report did not write (it never replaces those)."""
+    found = []
+    for name in PLOTS:
+        path = os.path.join(out_dir, name)
+        if os.path.lexists(path):
+            try:
+                with open(path, "rb") as f:
+                    head = f.read(4096)  # PNG text chunks come before the image data
+            except OSError:
+                head = b""
+            if PNG_SOFTWARE.encode() not in head:
+                found.append(path)
+    return found
+
+
 def _save_png(fig, path: str) -> None:
     with replacing_path(path) as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight", metadata={"Software": PNG_SOFTWARE})
 
 
 def plot(records: list[dict], out_dir: str, loss_baseline: float | None = None) -> list[str]:
@@ -159,7 +180,7 @@ def plot(records: list[dict], out_dir: str, loss_baseline: float | None = None) 
     import matplotlib.pyplot as plt
 
     steps = [r["step"] for r in records]
-    paths = [os.path.join(out_dir, "loss.png"), os.path.join(out_dir, "throughput.png")]
+    paths = [os.path.join(out_dir, name) for name in PLOTS]
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, [r["loss"] for r in records], lw=1.2, label="loss")

@@ -27,3 +27,14 @@ def test_cli_prints_the_table_and_writes_pngs_or_exits_2(tmp_path):
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr == f"hybridpar report: error: run directory {tmp_path / 'missing'} does not exist: " \
         "give the --out directory of a training run\n"
+    # again into the same --out: its own plots are replaced; a loss.png it did not write never is
+    again = subprocess.run([HYBRIDPAR, "report", str(tmp_path / "run"), "--out", str(tmp_path / "plots")],
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "loss.png").write_bytes(b"someone else's figure")
+    refused = subprocess.run([HYBRIDPAR, "report", str(tmp_path / "run"), "--out", str(tmp_path / "mine")],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stdout == "" and "hybridpar report did not write it" in refused.stderr
+    assert (tmp_path / "mine" / "loss.png").read_bytes() == b"someone else's figure"
+    assert sorted(os.listdir(tmp_path / "mine")) == ["loss.png"]

@@ -20,7 +20,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from hybridpar.observe.report import format_summary, load_metrics, plot, summarize
+    from hybridpar.observe.report import foreign_plots, format_summary, load_metrics, plot, summarize
 
     baseline = args.loss_baseline
     ignored = [flag for flag, value in (("--out", args.out), ("--loss-baseline", baseline)) if value is not None]
@@ -34,6 +34,13 @@ def run(args) -> int:
     why = None if args.no_plots else why_not_writable(out)
     if why:  # before the summary: a refused command prints nothing else
         raise UsageError(f"cannot write {out} ({why}); choose another --out")
+    # In the run directory the plots are the run's own; elsewhere a plot report did not write is kept.
+    elsewhere = os.path.abspath(out) != os.path.abspath(args.run_dir)
+    foreign = foreign_plots(out) if elsewhere and not args.no_plots else []
+    if foreign:
+        one = len(foreign) == 1
+        raise UsageError(f"{' and '.join(foreign)} exist{'s' if one else ''} and hybridpar report did not write "
+                         f"{'it' if one else 'them'}; choose another --out")
     print(format_summary(summarize(records)))
     if not args.no_plots:
         try:
