@@ -109,6 +109,18 @@ def gpu_file_text(base: str, gemm_fraction: float, attention_fraction: float, su
             f"attention_fraction: {attention_fraction:.3f}\nsustained_clock: {sustained_clock:.3f}\n")
 
 
+MARKER = "# measured by `hybridpar bench kernels`"
+
+
+def _written_here(path: Path) -> bool:
+    """Whether the file at path is a GPU file this benchmark wrote (its first line, gpu_file_text's comment)."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.read(len(MARKER)) == MARKER
+    except OSError:
+        return False
+
+
 def fraction(tflops: float, peak: float, what: str) -> float:
     """Measured rate over the catalogue peak; above 1 means the catalogue's peak is low for this
     part, and the file keeps 1 (the planner's ceiling) and says so."""
@@ -139,6 +151,8 @@ def main(argv=None) -> int:
         p.error(f"--out {args.out}: the GPU file is YAML; name it .yaml or .yml")
     if not out.parent.is_dir():
         p.error(f"--out {args.out}: folder {out.parent} does not exist")
+    if out.exists() and not _written_here(out):
+        p.error(f"--out {args.out} exists and was not written by this benchmark; choose another name")
     import torch
 
     if not torch.cuda.is_available():
@@ -157,7 +171,7 @@ def main(argv=None) -> int:
     sustained_clock = min(1.0, sustained / best["tflops"])
     attention_f = fraction(attention, peak, "attention")
     date = datetime.now(timezone.utc).date().isoformat()
-    comment = (f"measured by `hybridpar bench kernels` on {props.name}, {date}: matmul {best['m']}x{best['k']}x{best['n']} "
+    comment = (f"{MARKER[2:]} on {props.name}, {date}: matmul {best['m']}x{best['k']}x{best['n']} "
                f"at {best['tflops']:.0f} TFLOP/s in a burst, {sustained:.0f} sustained over {args.soak:g} s, causal attention (seq {args.seq_len}, {args.heads} heads of "
                f"{args.head_dim}) at {attention:.0f}, peak {peak:.0f}")
     with replacing(out) as f:

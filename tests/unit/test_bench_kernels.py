@@ -82,3 +82,19 @@ def test_a_rate_above_the_catalogue_peak_is_written_as_one_with_a_note(capsys):
     assert fraction(800.0, 989.0, "matmul") == pytest.approx(800 / 989) and capsys.readouterr().err == ""
     assert fraction(1100.0, 989.0, "matmul") == 1.0
     assert "matmul measured 1100 TFLOP/s, above the catalogue's 989; written as 1.0" in capsys.readouterr().err
+
+
+def test_it_never_replaces_a_gpu_file_it_did_not_write(tmp_path, capsys):
+    """--out over a hand-written GPU file is refused before anything is measured; its own file is
+    recognised by the comment gpu_file_text puts first, and may be measured again."""
+    from hybridpar.benchmarks.kernels import MARKER, _written_here, main
+
+    mine = tmp_path / "my-gpu.yaml"
+    mine.write_text("base: h100-80gb\ngemm_fraction: 0.7\n")
+    with pytest.raises(SystemExit) as exc:
+        main(["--out", str(mine)])
+    assert exc.value.code == 2 and "was not written by this benchmark" in capsys.readouterr().err
+    assert mine.read_text() == "base: h100-80gb\ngemm_fraction: 0.7\n"
+    ours = tmp_path / "measured.yaml"
+    ours.write_text(gpu_file_text("h100-80gb", 0.8, 0.45, 0.85, f"{MARKER[2:]} on a test GPU"))
+    assert _written_here(ours) and not _written_here(mine)
