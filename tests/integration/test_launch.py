@@ -1,4 +1,5 @@
 """`hybridpar launch`: per-node torchrun commands and the sbatch script, from a recipe."""
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -86,3 +87,37 @@ def test_launch_replaces_its_own_files_never_anothers(tmp_path):
     refused = _launch(*args)
     assert refused.returncode == 2 and "job.sbatch exists and was not written by hybridpar launch" in refused.stderr
     assert (tmp_path / "job.sbatch").read_text().endswith("srun my_job\n")
+
+
+def test_the_sbatch_script_requeues_only_after_a_stop_of_its_own_attempt(tmp_path):
+    """job.sbatch run by bash with srun and scontrol stand-ins: an attempt whose ranks saved and stopped
+    (status.json written "stopped" by this attempt) requeues the job and exits 0; an attempt that failed
+    before writing status.json (bad input after an edit) leaves the earlier "stopped" and must not requeue,
+    or the job would loop; a finished run is not requeued."""
+    run_dir = tmp_path / "run"
+    res = _launch("--recipe", "recipes/tiny.yaml", "--nodes", "2", "--gpus-per-node", "4", "--slurm",
+                  "--out", str(tmp_path / "job"), "--run-dir", str(run_dir))
+    assert res.returncode == 0, res.stderr
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text('#!/bin/bash\nif [ -n "$FAKE_STATUS" ]; then mkdir -p "$RUN"\n'
+                               '  echo "{\\"status\\": \\"$FAKE_STATUS\\"}" > "$RUN/status.json"; fi\nexit "${FAKE_RC:-0}"\n')
+    (fake / "scontrol").write_text('#!/bin/bash\necho "$@" >> "$CALLS"\n[ "$1" = show ] && echo node1\nexit 0\n')
+    for tool in ("srun", "scontrol"):
+        (fake / tool).chmod(0o755)
+    calls = tmp_path / "calls"
+
+    def attempt(status: str, rc: int = 0):
+        calls.write_text("")
+        env = dict(os.environ, PATH=f"{fake}:{os.environ['PATH']}", SLURM_JOB_ID="42", SLURM_JOB_NODELIST="node[1-2]",
+                   RUN=str(run_dir), CALLS=str(calls), FAKE_STATUS=status, FAKE_RC=str(rc))
+        done = subprocess.run(["bash", str(tmp_path / "job" / "job.sbatch")], env=env, capture_output=True, text=True,
+                              timeout=60)
+        return done.returncode, "requeue 42" in calls.read_text()
+
+    assert attempt("stopped") == (0, True)
+    assert attempt("", rc=2) == (2, False)  # the earlier "stopped" is still there: not this attempt's
+    os.utime(run_dir / "status.json", (1, 1))  # a later attempt, long after the last write
+    assert attempt("stopped") == (0, True)
+    os.utime(run_dir / "status.json", (1, 1))
+    assert attempt("finished") == (0, False)
