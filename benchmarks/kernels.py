@@ -33,7 +33,7 @@ from hybridpar.topology.hardware import get_gpu
 
 from hybridpar.benchmarks._cli import BenchParser, int_list, positive_float, positive_int
 from hybridpar.benchmarks.results_io import write_result
-from hybridpar.files import replacing
+from hybridpar.files import head_of, replacing
 
 DEFAULT_SIZES = (4096, 8192, 12288, 16384)
 
@@ -114,11 +114,7 @@ MARKER = "# measured by `hybridpar bench kernels`"
 
 def _written_here(path: Path) -> bool:
     """Whether the file at path is a GPU file this benchmark wrote (its first line, gpu_file_text's comment)."""
-    try:
-        with open(path, errors="replace") as f:
-            return f.read(len(MARKER)) == MARKER
-    except OSError:
-        return False
+    return head_of(path, len(MARKER.encode())) == MARKER.encode()
 
 
 def fraction(tflops: float, peak: float, what: str) -> float:

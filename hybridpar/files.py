@@ -22,6 +22,16 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def head_of(path, size: int) -> bytes:
+    """The first ``size`` bytes of the file at ``path`` (b"" when it cannot be read): how a writer
+    tells a file it wrote, by its own marker, from one it must never replace."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(size)
+    except OSError:
+        return b""
+
+
 def why_not_writable(directory: str) -> str | None:
     """Why ``directory`` cannot be created or written, checked before anything is: a file where it
     or an ancestor should be, or a nearest existing ancestor this process cannot write; None when

@@ -15,7 +15,7 @@ import sys
 from dataclasses import dataclass
 
 from hybridpar.errors import UsageError
-from hybridpar.files import replacing_path
+from hybridpar.files import head_of, replacing_path
 from hybridpar.observe.metrics import per_device_tflops
 
 REQUIRED = ("step", "loss", "step_time_s", "tokens_per_s")
@@ -156,14 +156,9 @@ def foreign_plots(out_dir: str) -> list[str]:
     found = []
     for name in PLOTS:
         path = os.path.join(out_dir, name)
-        if os.path.lexists(path):
-            try:
-                with open(path, "rb") as f:
-                    head = f.read(4096)  # PNG text chunks come before the image data
-            except OSError:
-                head = b""
-            if PNG_SOFTWARE.encode() not in head:
-                found.append(path)
+        # PNG text chunks come before the image data
+        if os.path.lexists(path) and PNG_SOFTWARE.encode() not in head_of(path, 4096):
+            found.append(path)
     return found
 
 

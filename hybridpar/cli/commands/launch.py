@@ -11,7 +11,7 @@ from hybridpar.topology.layout import NodeMap
 
 from hybridpar.cli import checkpoint_flags
 from hybridpar.errors import UsageError
-from hybridpar.files import write_atomic
+from hybridpar.files import head_of, write_atomic
 
 HELP = "write multi-node torchrun commands (c10d rendezvous) and, with --slurm, an sbatch script"
 
@@ -98,15 +98,8 @@ OWN_MARKERS = {"torchrun.sh": "#!/usr/bin/env bash\n# hybridpar: ", "job.sbatch"
 
 def _refuse_foreign_files(out: Path, names: list[str]) -> None:
     for name in names:
-        path = out / name
-        if not path.exists():
-            continue
-        try:
-            with open(path, errors="replace") as f:
-                head = f.read(len(OWN_MARKERS[name]))
-        except OSError as err:
-            raise UsageError(f"cannot read {path}: {err.strerror}; choose another --out") from None
-        if head != OWN_MARKERS[name]:
+        path, marker = out / name, OWN_MARKERS[name].encode()
+        if path.exists() and head_of(path, len(marker)) != marker:
             raise UsageError(f"{path} exists and was not written by hybridpar launch; choose another --out")
 
 
