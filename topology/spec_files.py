@@ -63,6 +63,8 @@ def _load_yaml(text: str):
         def construct_mapping(self, node, deep=False):
             seen = set()
             for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *base`: its keys may be overridden here
+                    continue
                 key = self.construct_object(key_node, deep=deep)
                 if key in seen:
                     raise DuplicateKey(key, f" (line {key_node.start_mark.line + 1})")

@@ -138,6 +138,17 @@ def test_model_file_yaml(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["plans"]
 
 
+def test_yaml_merge_keys_may_be_overridden_but_a_key_never_given_twice():
+    """A key given twice is refused (PyYAML keeps the later silently); a key that overrides one merged in
+    with `<<: *anchor` is YAML's own override, kept."""
+    from hybridpar.topology.spec_files import DuplicateKey, _load_yaml
+
+    text = "base: &b {layers: 4, hidden: 1024}\nmodel:\n  <<: *b\n  layers: 8\n"
+    assert _load_yaml(text)["model"] == {"layers": 8, "hidden": 1024}
+    with pytest.raises(DuplicateKey):
+        _load_yaml(text + "  layers: 16\n")
+
+
 def test_published_layouts_evaluate_from_the_command_line_with_their_software(capsys, tmp_path):
     """A user can ask the CLI what a published pre-2022 layout does on the stack it ran on: the
     Narayanan et al. 2021 runs under --software megatron-lm-2021 (no sequence parallelism, no
