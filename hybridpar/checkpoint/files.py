@@ -99,6 +99,7 @@ class Manifest:
     adam_step: int = 0
     optim: dict = field(default_factory=dict)
     seed: int = 0
+    data: dict = field(default_factory=dict)  # {"held_out": share of the data kept out of training}
     format: str = FORMAT
     version: int = VERSION
 

@@ -122,6 +122,7 @@ def _settings(manifest, recipe) -> list[tuple[str, object, object, str]]:
         ("LR scaling base batch", optim.get("lr_scale_base_batch"), t.lr_scale_base_batch, "train.lr_scale_base_batch"),
         ("global batch", manifest.plan.get("global_batch"), t.global_batch, "--global-batch"),
         ("seed", manifest.seed, t.seed, "--seed"),
+        ("held-out share of the data", manifest.data.get("held_out"), recipe.data.held_out, "data.held_out"),
     ]
 
 

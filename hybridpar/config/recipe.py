@@ -14,6 +14,7 @@ cluster: {gpu: h100-80gb, gpus_per_node: 8}   # a GPU recipe: refuses to train w
 checkpoint: {save: true, save_every: 50, keep_last: 0,   # into OUT/ckpt (or --save-dir): hybridpar.checkpoint
              init_from_hf: hf/llama}   # start from Hugging Face weights (hybridpar.checkpoint.hf_import)
 generate: {prompt: "Ham.\n", tokens: 200, temperature: 0.0}    # a sample after the last step (hybridpar.generate)
+eval: {every: 50, batches: 2}   # held-out loss (hybridpar.observe.evaluation); indexed data needs data.held_out
 ```
 
 Every section and key is optional except ``model`` and ``train.global_batch``/``seq_len``;
@@ -83,6 +84,9 @@ class DataSection:
     tokenizer: Optional[str] = None
     data_dir: Optional[str] = None
     cache_dir: Optional[str] = None
+    # Share of an indexed or embedded dataset's sequences kept out of training for evaluation:
+    # megatron's validation split, the last sequences in file order (hybridpar.data.held_out).
+    held_out: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -135,8 +139,20 @@ class GenerateSection:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class EvalSection:
+    """Loss on held-out data (hybridpar.observe.evaluation): after every ``every`` steps and after
+    the last, the mean loss over ``batches`` global batches of held-out sequences, the same ones
+    each time; ``--eval-every`` overrides. Indexed and embedded data hold them out with
+    ``data.held_out``; synthetic data draws them from a stream of their own."""
+
+    every: int = 0  # 0: never
+    batches: int = 1
+
+
 SECTIONS = {"parallel": ParallelSection, "train": TrainSection, "data": DataSection, "cluster": ClusterSection,
-            "checkpoint": CheckpointSection, "reliability": ReliabilitySection, "generate": GenerateSection}
+            "checkpoint": CheckpointSection, "reliability": ReliabilitySection, "generate": GenerateSection,
+            "eval": EvalSection}
 TOP_KEYS = ("name", "model", *SECTIONS)
 
 
@@ -151,6 +167,7 @@ class Recipe:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     reliability: ReliabilitySection = field(default_factory=ReliabilitySection)
     generate: GenerateSection = field(default_factory=GenerateSection)
+    eval: EvalSection = field(default_factory=EvalSection)
 
     # --- derived ------------------------------------------------------------------------
     def model_parallel_size(self) -> int:
@@ -251,6 +268,7 @@ class Recipe:
                 out.append(f"cluster.gpu: {err}")
         if self.data.source == "indexed" and not self.data.path:
             out.append("data.source indexed needs data.path (the .bin/.idx prefix)")
+        out.extend(self._eval_problems())
         if not out:
             plan = self.to_plan_unresolved()
             out.extend(plan.violations())
@@ -264,6 +282,22 @@ class Recipe:
                     f"warm-up at {t.steps / t.warmup_steps:.1%} of lr {t.lr:g} and never decays (fine for a short "
                     f"trial; set warmup_steps below steps for a real run)"]
         return []
+
+    def _eval_problems(self) -> list[str]:
+        e, d, out = self.eval, self.data, []
+        if e.every < 0:
+            out.append(f"eval.every must be >= 0 (0: never), got {e.every}")
+        if e.batches < 1:
+            out.append(f"eval.batches must be a positive integer, got {e.batches}")
+        if not 0 <= d.held_out < 1:
+            out.append(f"data.held_out is the share of the data kept out of training, from 0 to below 1, got {d.held_out:g}")
+        elif d.source == "synthetic" and d.held_out:
+            out.append("data.held_out splits indexed and embedded data; synthetic data draws its held-out rows apart "
+                       "from training's: drop data.held_out")
+        elif d.source != "synthetic" and e.every and not d.held_out:
+            out.append(f"eval.every {e.every} needs held-out data: set data.held_out, the share of the sequences kept out "
+                       f"of training (e.g. 0.05)")
+        return out
 
     def _tolerance_problems(self) -> list[str]:
         """A run that tolerates the loss of a replica must be able to go on with one fewer and the
@@ -377,14 +411,17 @@ def load_recipe(path: str) -> Recipe:
 
 
 def with_overrides(recipe: Recipe, **flags) -> Recipe:
-    """Command-line flags over the recipe. Keys: tp pp dp cp vpp zero micro_batch recompute global_batch steps seed."""
+    """Command-line flags over the recipe. Keys: tp pp dp cp vpp zero micro_batch recompute global_batch steps seed
+    eval_every."""
     parallel_keys = {"tp", "pp", "dp", "cp", "vpp", "zero", "micro_batch", "sequence_parallel", "recompute"}
     train_keys = {"global_batch", "steps", "seed", "seq_len", "lr", "precision"}
     par = {k: v for k, v in flags.items() if k in parallel_keys and v is not None}
     tr = {k: v for k, v in flags.items() if k in train_keys and v is not None}
-    unknown = set(flags) - parallel_keys - train_keys
+    ev = {"every": flags["eval_every"]} if flags.get("eval_every") is not None else {}
+    unknown = set(flags) - parallel_keys - train_keys - {"eval_every"}
     if unknown:
         raise UsageError(f"unknown override(s): {', '.join(sorted(unknown))}")
     if any(k in par for k in ("tp", "pp", "cp")) and "dp" not in par:
         par["dp"] = None  # re-derive dp from the world size for the new model-parallel size
-    return replace(recipe, parallel=replace(recipe.parallel, **par), train=replace(recipe.train, **tr))
+    return replace(recipe, parallel=replace(recipe.parallel, **par), train=replace(recipe.train, **tr),
+                   eval=replace(recipe.eval, **ev))

@@ -3,8 +3,8 @@
 ``RunPlan`` holds everything a training run does, resolved from the recipe and the command line
 before any rank starts: the layout Plan (model, batch, TP/CP/PP/DP, micro-batch, ZeRO,
 recomputation, precision), the optimizer and its schedule, the data, the overlaps, where and how
-often to save and what to resume from, failure handling, the sample, when to stop early, and the
-run directory. ``hybridpar train`` builds it once (cli/commands/train.py), writes it to
+often to save and what to resume from, failure handling, the sample, the held-out evaluation, when
+to stop early, and the run directory. ``hybridpar train`` builds it once (cli/commands/train.py), writes it to
 ``OUT/plan.json`` and hands that file to the local ranks, which read it instead of re-parsing
 flags; plan.json is thus the complete record of how to reproduce the run.
 """
@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Optional
 
 from hybridpar.config.optim import OptimConfig
-from hybridpar.config.recipe import DataSection, GenerateSection, ReliabilitySection
+from hybridpar.config.recipe import DataSection, EvalSection, GenerateSection, ReliabilitySection
 from hybridpar.topology.plan import Plan
 
 FORMAT = "hybridpar-run-plan"
@@ -52,6 +52,7 @@ class RunPlan:
     checkpoint: CheckpointSettings = CheckpointSettings()
     reliability: ReliabilitySection = ReliabilitySection()
     sample: GenerateSection = GenerateSection()
+    eval: EvalSection = EvalSection()
     stop: StopSettings = StopSettings()
     progress: Optional[bool] = None  # rank 0's progress bar; None: when stdout is a terminal
     recipe: Optional[str] = None  # the recipe file it came from (provenance only)
@@ -73,7 +74,8 @@ class RunPlan:
         if data.get("format") != FORMAT:
             raise ValueError(f"not a {FORMAT} (format {data.get('format')!r})")
         sections = {"optim": OptimConfig, "data": DataSection, "checkpoint": CheckpointSettings,
-                    "reliability": ReliabilitySection, "sample": GenerateSection, "stop": StopSettings}
+                    "reliability": ReliabilitySection, "sample": GenerateSection, "stop": StopSettings,
+                    "eval": EvalSection}
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         values["plan"] = Plan.from_dict(values["plan"])
         for name, section in sections.items():

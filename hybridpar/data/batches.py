@@ -1,7 +1,7 @@
 """The batch contract (see hybridpar/data/__init__.py) and the synthetic source used by tests."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -41,6 +41,7 @@ class SyntheticTokens:
 
     Row ``r`` of step ``s`` is a pure function of (seed, s, r), drawn from a generator seeded by
     all three: any range of rows is built without the others, and it needs no state.
+    ``held_out()`` draws from another stream (``stream`` 1): rows training never sees.
     """
 
     seq_len: int
@@ -49,6 +50,10 @@ class SyntheticTokens:
     seed: int = 0
     motif_len: int = 8
     noise: float = 0.05
+    stream: int = 0  # 0: training rows; 1: held-out rows
+
+    def held_out_source(self) -> "SyntheticTokens":
+        return replace(self, stream=1)
 
     def global_batch(self, step: int) -> torch.Tensor:
         return self.rows(step, 0, self.global_batch_size)
@@ -57,7 +62,8 @@ class SyntheticTokens:
         return torch.stack([self._row(step, r) for r in range(start, stop)])
 
     def _row(self, step: int, row: int) -> torch.Tensor:
-        gen = torch.Generator().manual_seed((self.seed * 1_000_003 + step) * 1_000_033 + row)
+        key = (self.seed * 1_000_003 + step) * 1_000_033 + row
+        gen = torch.Generator().manual_seed(key if self.stream == 0 else -1 - key)  # negative: never a training key
         cols, cpu = self.seq_len + 1, torch.device("cpu")
         motif = torch.randint(0, self.vocab_size, (self.motif_len,), generator=gen, device=cpu)
         tokens = motif.repeat(-(-cols // self.motif_len))[:cols]

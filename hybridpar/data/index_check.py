@@ -28,6 +28,7 @@ class IndexSummary:
     tokens: int
     documents: int
     dtype: str
+    sequences: int = 0  # what megatron's GPTDataset splits into train and held-out parts (held_out.py)
 
 
 def check_index(prefix: str) -> IndexSummary:
@@ -61,7 +62,7 @@ def check_index(prefix: str) -> IndexSummary:
     if have != want:
         raise UsageError(f"{bin_} is {have} bytes, but {idx} describes {tokens} {dtype.name} tokens ({want} bytes): "
                          f"the .bin is {'truncated' if have < want else 'longer'} or from another preparation; {again}")
-    summary = IndexSummary(tokens, docs - 1, dtype.name)
+    summary = IndexSummary(tokens, docs - 1, dtype.name, seqs)
     meta = read_meta(prefix)
     if meta is not None:
         if (meta.tokens, meta.documents) != (summary.tokens, summary.documents):
@@ -71,3 +72,13 @@ def check_index(prefix: str) -> IndexSummary:
             raise UsageError(f"{bin_} stores {dtype.name} tokens, too narrow for the vocab of {meta.vocab_size} that "
                              f"{prefix}.meta.json records; {again}")
     return summary
+
+
+def sequence_lengths(prefix: str):
+    """The token count of every sequence of a checked PREFIX.idx, in file order (a numpy array)."""
+    import numpy
+
+    with open(prefix + ".idx", "rb") as f:
+        head = f.read(FIXED)
+    seqs = struct.unpack("<QBQQ", head[len(HEADER):])[2]
+    return numpy.frombuffer(numpy.memmap(prefix + ".idx", mode="r"), numpy.int32, seqs, FIXED).astype(numpy.int64)

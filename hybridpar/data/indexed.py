@@ -7,6 +7,10 @@ GPTDataset (documents shuffled, concatenated, cut into samples, samples shuffled
 (seed, e). So a batch depends only on (seed, step): a resumed run continues at the next sample,
 however many steps the run asks for.
 
+With ``held_out`` > 0 the last share of the dataset's sequences is megatron's validation split
+(held_out.py): training samples come from the rest, and ``held_out_source()`` gives the same
+contract over the held-out part (its own shuffle, the same seed) for evaluation.
+
 megatron-core's builder is collective when torch.distributed is initialized: rank 0 builds the
 index files into the cache directory, the other ranks wait at a barrier and then load them, so
 every rank must construct the source, and the cache directory must be shared (megatron's default,
@@ -15,6 +19,7 @@ process builds the indices in memory through a private temporary directory.
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import tempfile
@@ -25,6 +30,7 @@ import numpy
 import torch
 
 from hybridpar.errors import UsageError
+from hybridpar.data.held_out import split_weights
 from hybridpar.data.index_check import check_index
 from hybridpar.data.prepare import read_meta
 from hybridpar.data.tokenizers import check_vocab, load_tokenizer
@@ -52,6 +58,7 @@ class IndexedTokens:
         tokenizer=None,
         cache_dir: str | None = None,
         model_vocab: int | None = None,
+        held_out: float = 0.0,
     ):
         for ext in (".bin", ".idx"):
             if not os.path.isfile(prefix + ext):
@@ -74,12 +81,25 @@ class IndexedTokens:
         self.global_batch_size = global_batch_size
         self.vocab_size = tokenizer.vocab_size
         self.seed = seed
-        self.dataset = _build_gpt_dataset(prefix, seq_len, seed, tokenizer, cache_dir)
+        self.held_out = held_out
+        self.dataset, self._held_dataset = _build_gpt_dataset(prefix, seq_len, seed, tokenizer, cache_dir, held_out)
         self.samples_per_epoch = len(self.dataset)
         if self.samples_per_epoch == 0:
             raise UsageError(
                 f"{prefix} holds fewer than seq_len+1 = {seq_len + 1} tokens: use more text or a shorter sequence"
             )
+        if self._held_dataset is not None and len(self._held_dataset) == 0:
+            raise UsageError(f"the held-out part of {prefix} (data.held_out {held_out:g}) holds fewer than seq_len+1 = "
+                             f"{seq_len + 1} tokens: raise data.held_out or use a shorter sequence")
+
+    def held_out_source(self) -> "IndexedTokens | None":
+        """The held-out sequences under the same batch contract (None without ``held_out``)."""
+        if self._held_dataset is None:
+            return None
+        view = copy.copy(self)
+        view.dataset, view._held_dataset = self._held_dataset, None
+        view.samples_per_epoch = len(self._held_dataset)
+        return view
 
     def global_batch(self, step: int) -> torch.Tensor:
         if step < 1:
@@ -106,7 +126,8 @@ class IndexedTokens:
         return numpy.random.RandomState([self.seed % 2**32, epoch]).permutation(self.samples_per_epoch)
 
 
-def _build_gpt_dataset(prefix: str, seq_len: int, seed: int, tokenizer, cache_dir: str | None):
+def _build_gpt_dataset(prefix: str, seq_len: int, seed: int, tokenizer, cache_dir: str | None, held_out: float = 0.0):
+    """(training dataset, held-out dataset or None): megatron's train and validation splits."""
     from hybridpar.data._megatron import import_megatron
 
     BlendedMegatronDatasetBuilder = import_megatron(
@@ -122,7 +143,7 @@ def _build_gpt_dataset(prefix: str, seq_len: int, seed: int, tokenizer, cache_di
             random_seed=seed,
             sequence_length=seq_len,
             blend=([prefix], None),
-            split="1,0,0",
+            split=split_weights(held_out),
             path_to_cache=cache_dir or (private_cache.name if private_cache else None),
             tokenizer=MegatronTokenizerAdapter(tokenizer.name, tokenizer.vocab_size, tokenizer.eod),
             reset_position_ids=False,
@@ -130,8 +151,8 @@ def _build_gpt_dataset(prefix: str, seq_len: int, seed: int, tokenizer, cache_di
             eod_mask_loss=False,
             create_attention_mask=False,
         )
-        train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, config).build()
-        return train
+        train, valid, _ = BlendedMegatronDatasetBuilder(GPTDataset, [None, None, None], lambda: True, config).build()
+        return train, (valid if held_out else None)
     finally:
         if private_cache is not None:
             private_cache.cleanup()  # freshly built indices live in memory, not in these files

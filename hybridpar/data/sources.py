@@ -23,6 +23,7 @@ def make_token_source(
     tokenizer: str | None = None,
     data_dir: str | None = None,
     cache_dir: str | None = None,
+    held_out: float = 0.0,
 ) -> TokenSource:
     """Build a source that honours the batch contract.
 
@@ -30,7 +31,9 @@ def make_token_source(
     prepared on first use under ``data_dir``, default $HYBRIDPAR_DATA_DIR or ~/.cache/hybridpar,
     with ``tokenizer``, default "byte"), or "indexed" (a megatron .bin/.idx at prefix ``path``;
     ``tokenizer`` only needed when the data has no .meta.json). ``cache_dir``: megatron's index
-    cache, see hybridpar/data/indexed.py. Raises VocabMismatchError (a UsageError) when the
+    cache, see hybridpar/data/indexed.py. ``held_out``: the share of an indexed or embedded
+    dataset's sequences kept out of training for evaluation (held_out.py); every source's
+    ``held_out_source()`` gives its held-out rows. Raises VocabMismatchError (a UsageError) when the
     tokenizer's vocab exceeds ``model_vocab``. Collective when torch.distributed is initialized
     (kinds "embedded" and "indexed"): call it on every rank.
     """
@@ -46,10 +49,10 @@ def make_token_source(
         tok = load_tokenizer(tokenizer or "byte")
         check_vocab(tok.vocab_size, model_vocab, tok.name)
         prefix = ensure_embedded(tok, data_dir).prefix
-        return IndexedTokens(prefix, seq_len, global_batch_size, seed, tok, cache_dir, model_vocab)
+        return IndexedTokens(prefix, seq_len, global_batch_size, seed, tok, cache_dir, model_vocab, held_out)
     if kind == "indexed":
         if not path:
             raise UsageError("the indexed data source needs the path prefix of a .bin/.idx pair")
         tok = load_tokenizer(tokenizer) if tokenizer else None
-        return IndexedTokens(path, seq_len, global_batch_size, seed, tok, cache_dir, model_vocab)
+        return IndexedTokens(path, seq_len, global_batch_size, seed, tok, cache_dir, model_vocab, held_out)
     raise UsageError(f"unknown data source '{kind}': use one of {', '.join(KINDS)}")

@@ -131,7 +131,7 @@ def tensorboard_writer(log_dir: str):
     return SummaryWriter(log_dir=log_dir)
 
 
-SCALARS = ("loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "tflops_per_gpu", "tflops_per_rank", "mfu",
+SCALARS = ("loss", "eval_loss", "lr", "grad_norm", "step_time_s", "tokens_per_s", "tflops_per_gpu", "tflops_per_rank", "mfu",
            "predicted_step_time_s")
 
 

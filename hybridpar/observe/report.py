@@ -3,7 +3,7 @@
 metrics.jsonl holds one JSON object per step: step, loss, grad_norm, lr, step_time_s,
 tokens_per_s, and optionally device, tflops_per_gpu (tflops_per_rank on CPU ranks), mfu (a fraction
 of the device's peak), predicted_step_time_s (the planner's estimate for the layout) and predicted_on
-(the GPU it is for). A CPU run's timings are never set beside a GPU prediction as a ratio. A resumed run appends steps it
+(the GPU it is for), and eval_loss on the steps that evaluated held-out data. A CPU run's timings are never set beside a GPU prediction as a ratio. A resumed run appends steps it
 may already have logged; the last record of a step wins.
 """
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Summary:
     device: str | None = None  # "cpu", a catalogue GPU name, ...; None in files from before it was logged
     predicted_on: str | None = None  # "h100-80gb bf16": what the prediction is for
     tflops_unit: str = "gpu"  # "rank" on CPU ranks
+    eval_points: tuple = ()  # (step, held-out loss) of every step that evaluated
 
     @property
     def on_cpu(self) -> bool:
@@ -114,6 +115,7 @@ def summarize(records: list[dict]) -> Summary:
         device=records[-1].get("device"),
         predicted_on=records[-1].get("predicted_on"),
         tflops_unit=throughput[-1][1],
+        eval_points=tuple((r["step"], r["eval_loss"]) for r in records if r.get("eval_loss") is not None),
     )
 
 
@@ -179,6 +181,9 @@ def plot(records: list[dict], out_dir: str, loss_baseline: float | None = None) 
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(steps, [r["loss"] for r in records], lw=1.2, label="loss")
+    held = [(r["step"], r["eval_loss"]) for r in records if r.get("eval_loss") is not None]
+    if held:
+        ax.plot([p[0] for p in held], [p[1] for p in held], "o-", ms=3, lw=1.2, label="held-out loss")
     if loss_baseline is not None:
         ax.axhline(loss_baseline, color="gray", ls="--", lw=1, label=f"baseline {loss_baseline:.3f}")
     ax.set(xlabel="step", ylabel="loss (nats/token)", title="Training loss")

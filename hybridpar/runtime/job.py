@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from hybridpar.config.optim import OptimConfig, lr_at
+from hybridpar.data.batches import replica_batch
 from hybridpar.data.prefetch import BatchPrefetcher
 from hybridpar.reliability.stopping import STOP_REASONS
 from hybridpar.runtime.mesh import Mesh
@@ -36,6 +37,7 @@ class StepMetrics:
     tokens_per_s: float
     stop: int = 0  # the reason every rank agreed to stop after this step (stopping.py), 0: none
     saves_written: bool = False  # every rank's background checkpoint file is written (checkpoint/hook.py)
+    eval_loss: float | None = None  # mean loss on the held-out batches after this step (observe/evaluation.py)
 
 
 def resolve_dtype(precision: str) -> torch.dtype:
@@ -125,6 +127,25 @@ class Job:
         agreed = next((code for code, n in zip(STOP_REASONS, marked) if n > 0), 0)
         written = save_written is not None and int(value[-1]) == world
         return float(value[0]) / (self.plan.dp * self.plan.tp * self.plan.cp), agreed, written
+
+    def evaluate(self, source, batches: int) -> float:
+        """Mean loss of the current weights over global batches 1..``batches`` of ``source`` (a
+        held-out source under the batch contract), on every rank. Each replica takes its rows of
+        each batch, as in training, through megatron's schedule in forward-only mode; the sum over
+        the world counts each replica's loss tp x cp times, as in ``_global_loss_and_agreements``.
+        Collective."""
+        chunks = self.chunks  # the last step's weights, gathered
+        total = torch.zeros(1, dtype=torch.float64, device=self.mesh.device)
+        with torch.no_grad():
+            for k in range(1, batches + 1):
+                rows = replica_batch(source, k, self.mesh.dp_rank, self.plan.dp).to(self.mesh.device)
+                loss = forward_backward(chunks, self.mesh, micro_batches(rows, self.plan.micro_batch),
+                                        self.plan.seq_len, forward_only=True)
+                if loss is not None:
+                    total += float(loss)
+        if dist.get_world_size() > 1:
+            dist.all_reduce(total)
+        return float(total) / (self.plan.dp * self.plan.tp * self.plan.cp * batches)
 
     # --- inspection -------------------------------------------------------------------
     def full_state_dict(self, dst: int = 0) -> dict[str, torch.Tensor]:

@@ -37,8 +37,9 @@ def _append_line(path: str, record: dict) -> None:
 
 
 def format_step(m: StepMetrics, total: int) -> str:
+    held_out = f" | eval loss {m.eval_loss:.6f}" if m.eval_loss is not None else ""
     return (
-        f"step {m.step}/{total} | loss {m.loss:.6f} | grad norm {m.grad_norm:.4f} | lr {m.lr:.3e} | "
+        f"step {m.step}/{total} | loss {m.loss:.6f}{held_out} | grad norm {m.grad_norm:.4f} | lr {m.lr:.3e} | "
         f"{m.step_time_s:.3f} s | {m.tokens_per_s:,.0f} tokens/s"
     )
 
@@ -65,7 +66,7 @@ def train(run, hooks=(), print_fn=print, stop=None) -> TrainOutcome:
     plan, d = run.plan, run.data
     source = make_token_source(d.source, seq_len=plan.seq_len, global_batch_size=plan.global_batch,
                                model_vocab=plan.model.vocab, seed=run.seed, path=d.path, tokenizer=d.tokenizer,
-                               data_dir=d.data_dir, cache_dir=d.cache_dir)
+                               data_dir=d.data_dir, cache_dir=d.cache_dir, held_out=d.held_out)
 
     def build(layout) -> Job:
         return Job(layout, run.optim, source, seed=run.seed, overlap_grad_reduce=run.overlap_grad_reduce,
@@ -147,6 +148,8 @@ def _one_step(job, step: int, run, hooks, stop, print_fn, metrics_path):
             hook.after_step(job, m)
     record, line = asdict(m), format_step(m, run.steps)
     record.pop("stop"), record.pop("saves_written")
+    if record["eval_loss"] is None:
+        record.pop("eval_loss")
     for hook in hooks:
         if hasattr(hook, "step_record"):  # extra metrics.jsonl keys and step-line text (metrics.StepMonitor)
             extra, text = hook.step_record(job, m)
@@ -194,8 +197,8 @@ def _lost_peer(err: BaseException) -> bool:
 
 def run_hooks(run, print_fn=print, stop=None, monitor=None) -> list:
     """The hooks of a ``hybridpar train`` run, in their order: fault injection (tests only) and
-    the replica check, the Hugging Face start and the checkpointer, the per-step monitor
-    (metrics.StepMonitor), the sample after the last step."""
+    the replica check, the held-out evaluation, the Hugging Face start and the checkpointer, the
+    per-step monitor (metrics.StepMonitor), the sample after the last step."""
     from hybridpar.checkpoint.hook import run_checkpoint_hooks
     from hybridpar.observe.sample import SampleHook
     from hybridpar.reliability.faults import hooks_from_env
@@ -206,6 +209,10 @@ def run_hooks(run, print_fn=print, stop=None, monitor=None) -> list:
         from hybridpar.reliability.replicas import ReplicaCheck
 
         hooks.append(ReplicaCheck(r.check_replicas, r.on_drift, print_fn=print_fn))
+    if run.eval.every > 0:
+        from hybridpar.observe.evaluation import EvalHook
+
+        hooks.append(EvalHook(run.eval.every, run.eval.batches, run.steps))
     hooks += run_checkpoint_hooks(run, print_fn, stop)
     if monitor is not None:
         hooks.append(monitor)

@@ -5,7 +5,8 @@
 - `hybridpar train` on 4 CPU ranks (TP2 x PP2) for a few steps on the embedded corpus ends with a
   decoded sample in stdout and OUT/sample.txt, and that sample is exactly what the weights in the
   run's final checkpoint (reassembled without any process group) produce; metrics.jsonl carries
-  model FLOP/s from topology's formula, MFU null on CPU and the planner's predicted step time.
+  model FLOP/s from topology's formula, MFU null on CPU and the planner's predicted step time, and the
+  loss on the recipe's held-out play after the last step, as plain PyTorch computes it from the checkpoint.
 """
 import json
 import os
@@ -74,4 +75,21 @@ def test_train_prints_and_saves_a_sample_of_the_trained_model(tmp_path):
         if not torch.cuda.is_available():
             assert r["mfu"] is None
     assert summarize(records).median_tflops_per_gpu > 0
+
+    # The held-out loss (recipes/default.yaml: The Tempest held out, eval every 50 steps and after the last,
+    # 2 batches) is the mean cross-entropy of the step-3 weights on those batches, computed here in plain
+    # PyTorch from the checkpoint; only the last step evaluated.
+    import torch.nn.functional as F
+
+    from hybridpar.data import make_token_source
+    from hybridpar.runtime.llama_ref import LlamaReference, RefOptions
+
+    assert ["eval_loss" in r for r in records] == [False, False, True]
+    held = make_token_source("embedded", seq_len=plan.seq_len, global_batch_size=plan.global_batch,
+                             model_vocab=plan.model.vocab, held_out=0.34).held_out_source()
+    reference = LlamaReference(plan.model, weights, RefOptions(rope_base=plan.model.rope_theta))
+    losses = [float(F.cross_entropy(reference.logits(b[:, :-1]).reshape(-1, plan.model.vocab), b[:, 1:].reshape(-1)))
+              for b in (held.global_batch(1), held.global_batch(2))]
+    assert records[2]["eval_loss"] == pytest.approx(sum(losses) / 2, abs=1e-5)
+    assert f"loss {records[2]['loss']:.6f} | eval loss {records[2]['eval_loss']:.6f} |" in run.stdout
     assert "metrics: " in run.stdout and "GFLOP/s/rank" in run.stdout and "planner predicts " in run.stdout

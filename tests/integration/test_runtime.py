@@ -128,6 +128,46 @@ def test_layout_trains_like_one_process(runs, layout):
     print(name, record)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS, ids=[l["name"] for l in LAYOUTS])
+def test_held_out_loss_equals_one_process(runs, layout):
+    """Job.evaluate (the loss on held-out rows, forward-only through megatron's schedule, each replica
+    on its rows) after step 2 and after the last step gives the one-process value within 1e-5 in
+    every layout; training after the step-2 evaluation goes on unchanged (the losses above)."""
+    _, ref, par = runs
+    got, want = par[layout["name"]]["eval_losses"], ref[_reference_name(layout)]["eval_losses"]
+    assert len(got) == len(want) == 2, (got, want)
+    assert max(abs(a - b) for a, b in zip(got, want)) <= TOL, (layout["name"], got, want)
+
+
+@pytest.mark.parametrize("name", ["ref", "ref_tied"])
+def test_held_out_loss_is_the_mean_cross_entropy_on_rows_training_never_saw(runs, name):
+    """The one-process held-out loss after the last step against plain PyTorch: the mean
+    cross-entropy of the final weights (llama_ref.py) over every token of held-out batches 1 and 2
+    (workers/runtime_worker.py's EVAL_BATCHES), rows drawn apart from every training row."""
+    import torch
+    import torch.nn.functional as F
+
+    from hybridpar.data import SyntheticTokens
+    from hybridpar.runtime.llama_ref import LlamaReference
+    from hybridpar.topology.models import ModelSpec
+
+    base, ref, _ = runs
+    model = ModelSpec(layers=4, hidden=64, ffn_hidden=176, heads=8, kv_heads=4, vocab=320, name="test-gqa")  # the worker's
+    weights = torch.load(base / "ref" / f"{name}.pt")
+    reference = LlamaReference(model, weights, tied=name == "ref_tied")
+    train = SyntheticTokens(32, 16, model.vocab, seed=0)
+    held = train.held_out_source()
+    losses = []
+    for k in (1, 2):
+        batch = held.global_batch(k)
+        seen = {tuple(r) for step in range(1, STEPS + 1) for r in train.global_batch(step).tolist()}
+        assert not seen & {tuple(r) for r in batch.tolist()}
+        logits = reference.logits(batch[:, :-1])
+        losses.append(float(F.cross_entropy(logits.reshape(-1, model.vocab), batch[:, 1:].reshape(-1))))
+    assert abs(sum(losses) / 2 - ref[name]["eval_losses"][-1]) <= TOL, (losses, ref[name]["eval_losses"])
+    assert ref[name]["eval_losses"][-1] != ref[name]["eval_losses"][0]  # the weights changed between the two
+
+
 @pytest.mark.parametrize("name", ["ref", "ref_tied"])
 def test_one_process_run_equals_plain_pytorch_adamw(runs, name):
     """hybridpar's one-process run (megatron-core model, DeepSpeed ZeRO engine, hybridpar's loop)

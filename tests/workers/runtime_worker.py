@@ -2,8 +2,8 @@
 
 Usage: torchrun --nproc-per-node N tests/workers/runtime_worker.py CONFIG.json
 CONFIG: {"out": DIR, "steps": S, "layouts": [{"name": ..., "tp":..., ...}], "record": [names]}
-For each layout it builds a Job (fresh mesh, model, engine), trains S steps, checks after every
-step that every rank holding the same weights (its dp_cp group: the DP replicas and, with CP, the
+For each layout it builds a Job (fresh mesh, model, engine), trains S steps, evaluates the held-out
+loss after step 2 and after the last, checks after every step that every rank holding the same weights (its dp_cp group: the DP replicas and, with CP, the
 CP ranks) holds bit-identical parameters (ReplicaCheck's digests, gathered over dp_cp), and, for
 layouts named in "record", logs every collective and p2p of one training step with its group.
 Rank 0 writes DIR/results.json and DIR/<name>.pt (the full gathered weights).
@@ -40,6 +40,7 @@ from hybridpar.runtime.model import canonical_params  # noqa: E402
 # GQA test model: 8 query heads over 4 KV heads, so TP 4 divides both.
 MODEL = ModelSpec(layers=4, hidden=64, ffn_hidden=176, heads=8, kv_heads=4, vocab=320, name="test-gqa")
 SEQ, GLOBAL_BATCH = 32, 16
+EVAL_AFTER, EVAL_BATCHES = 2, 2  # held-out loss (Job.evaluate) after step 2 and after the last
 
 
 def make_job(cfg: dict, layout: dict) -> Job:
@@ -83,7 +84,8 @@ def run_layout(cfg, layout, recorder):
     job = make_job(cfg, layout)
     mesh = job.mesh
     initial = job.full_state_dict() if layout.get("independent") else None  # one process: all weights
-    losses, norms, lrs, identical, times, in_flight = [], [], [], [], [], []
+    losses, norms, lrs, identical, times, in_flight, evals = [], [], [], [], [], [], []
+    held = job.source.held_out_source() if hasattr(job.source, "held_out_source") else None
     for step in range(1, cfg["steps"] + 1):
         record = layout["name"] in cfg.get("record", []) and step == 2
         recorder.events.clear()
@@ -106,6 +108,8 @@ def run_layout(cfg, layout, recorder):
         norms.append(m.grad_norm)
         lrs.append(m.lr)
         times.append(m.step_time_s)
+        if held is not None and step in (EVAL_AFTER, cfg["steps"]):  # between steps: training must go on unchanged
+            evals.append(job.evaluate(held, EVAL_BATCHES))
     sync = job.engine.grad_sync  # DP reduction overlapped with the last backward (grad_sync.py)
     overlap = [len(sync.buckets), job.engine.buckets_issued_in_backward] if sync else None
     overlaps = [None] * dist.get_world_size()
@@ -129,7 +133,8 @@ def run_layout(cfg, layout, recorder):
     dist.all_gather_object(gathers, in_flight)
     if plain is not None:
         torch.save(plain.pop("weights"), os.path.join(cfg["out"], f"{layout['name']}.plain.pt"))
-    return {"plain": plain, "ranks_hold": held, "weights_in_flight_after_step": gathers, "grad_buckets_and_issued_in_backward": overlaps, "grad_and_whole_numel": numels, "layers_per_rank": layers, "opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times}, state
+    return {"plain": plain, "ranks_hold": held, "weights_in_flight_after_step": gathers, "grad_buckets_and_issued_in_backward": overlaps, "grad_and_whole_numel": numels, "layers_per_rank": layers, "opt_state_numel_rank0": opt_numel, "losses": losses, "grad_norms": norms, "lrs": lrs, "replicas_identical": identical, "step_times": times,
+            "eval_losses": evals}, state
 
 
 def _plain_reference(cfg, layout, job, initial: dict) -> dict:

@@ -22,7 +22,8 @@ from hybridpar.topology.plan import RECOMPUTE_MODES
 
 HELP = "train a recipe: --nproc N starts N local ranks; under torchrun it runs as one rank"
 
-OVERRIDES = ("tp", "cp", "pp", "dp", "vpp", "zero", "micro_batch", "recompute", "global_batch", "steps", "seed")
+OVERRIDES = ("tp", "cp", "pp", "dp", "vpp", "zero", "micro_batch", "recompute", "global_batch", "steps", "seed",
+             "eval_every")
 STATUS = "status.json"
 
 
@@ -42,6 +43,8 @@ def add_arguments(p):
     p.add_argument("--global-batch", type=int, help="sequences per optimizer step, over all replicas")
     p.add_argument("--steps", type=int, help="total optimizer steps of the run (the LR schedule's length)")
     p.add_argument("--seed", type=int, help="seed for weights and data")
+    p.add_argument("--eval-every", type=int, metavar="N",
+                   help="loss on held-out data after every N steps and after the last (eval.every; 0: never)")
     p.add_argument("--out", help="run directory: metrics.jsonl, plan.json, status.json, ckpt/ (default runs/<recipe name>)")
     p.add_argument("--allow-cpu", action="store_true",
                    help="train a recipe that names a GPU (cluster.gpu) on CPU ranks (gloo) where there is no CUDA")
@@ -80,9 +83,9 @@ def checked_recipe(args, world: int):
     recipe = load_recipe(args.recipe)
     flags = {k: getattr(args, k) for k in OVERRIDES}
     for key, value in flags.items():
-        if isinstance(value, int) and key in ("zero", "seed") and value < 0:
-            raise UsageError(f"--{key} must be 0 or a positive integer, got {value}")
-        if isinstance(value, int) and key not in ("zero", "seed") and value < 1:
+        if isinstance(value, int) and key in ("zero", "seed", "eval_every") and value < 0:
+            raise UsageError(f"--{key.replace('_', '-')} must be 0 or a positive integer, got {value}")
+        if isinstance(value, int) and key not in ("zero", "seed", "eval_every") and value < 1:
             raise UsageError(f"--{key.replace('_', '-')} must be a positive integer, got {value}")
     if args.stop_at_step is not None and args.stop_at_step < 1:
         raise UsageError(f"--stop-at-step must be a positive step number, got {args.stop_at_step}")
@@ -120,7 +123,8 @@ def prepare(args):
     from hybridpar.data.preflight import check_data_source
 
     d = recipe.data
-    check_data_source(d.source, model_vocab=recipe.model.vocab, path=d.path, tokenizer=d.tokenizer)
+    check_data_source(d.source, model_vocab=recipe.model.vocab, path=d.path, tokenizer=d.tokenizer,
+                      held_out=d.held_out, seq_len=recipe.train.seq_len)
     if os.environ.get("RANK", "0") == "0":  # the launcher, or rank 0 under a cluster launcher
         for line in recipe.warnings():
             print(f"hybridpar train: warning: {line}", file=sys.stderr, flush=True)
@@ -128,7 +132,7 @@ def prepare(args):
         name=recipe.name, plan=recipe.to_plan(cuda), optim=recipe.optim_config(), seed=recipe.train.seed,
         data=recipe.data, out=out, overlap_grad_reduce=recipe.parallel.overlap_grad_reduce,
         overlap_param_gather=recipe.parallel.overlap_param_gather, checkpoint=checkpoint,
-        reliability=recipe.reliability, sample=recipe.generate,
+        reliability=recipe.reliability, sample=recipe.generate, eval=recipe.eval,
         stop=StopSettings(args.stop_at_step, None if args.exit_after is None else args.exit_after * 60),
         progress=args.progress, recipe=args.recipe,
     )
