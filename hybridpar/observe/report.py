@@ -3,7 +3,8 @@
 metrics.jsonl holds one JSON object per step: step, loss, grad_norm, lr, step_time_s,
 tokens_per_s, and optionally device, tflops_per_gpu (tflops_per_rank on CPU ranks), mfu (a fraction
 of the device's peak), predicted_step_time_s (the planner's estimate for the layout) and predicted_on
-(the GPU it is for), and eval_loss on the steps that evaluated held-out data. A CPU run's timings are never set beside a GPU prediction as a ratio. A resumed run appends steps it
+(the GPU it is for), and eval_loss on the steps that evaluated held-out data. A CPU run's timings
+are never set beside a GPU prediction as a ratio. A resumed run appends steps it
 may already have logged; the last record of a step wins.
 """
 from __future__ import annotations
@@ -126,6 +127,12 @@ def format_summary(s: Summary) -> str:
         ("step time", f"median {s.median_step_time_s:.3f} s   total {s.total_time_s:.1f} s"),
         ("tokens/s", f"median {s.median_tokens_per_s:,.0f}"),
     ]
+    if s.eval_points:
+        (first_step, first), (last_step, last) = s.eval_points[0], s.eval_points[-1]
+        best_step, best = min(s.eval_points, key=lambda p: p[1])
+        rows.insert(2, ("eval loss", f"first {first:.4f} (step {first_step})   last {last:.4f} (step {last_step})   "
+                                     f"min {best:.4f} (step {best_step}); held-out data, {len(s.eval_points)} "
+                                     f"evaluations"))
     if s.predicted_step_time_s is not None:
         on = f" on {s.predicted_on}" if s.predicted_on else ""
         if s.on_cpu:
@@ -186,7 +193,7 @@ def plot(records: list[dict], out_dir: str, loss_baseline: float | None = None) 
         ax.plot([p[0] for p in held], [p[1] for p in held], "o-", ms=3, lw=1.2, label="held-out loss")
     if loss_baseline is not None:
         ax.axhline(loss_baseline, color="gray", ls="--", lw=1, label=f"baseline {loss_baseline:.3f}")
-    ax.set(xlabel="step", ylabel="loss (nats/token)", title="Training loss")
+    ax.set(xlabel="step", ylabel="loss (nats/token)", title="Training and held-out loss" if held else "Training loss")
     ax.grid(alpha=0.3)
     ax.legend()
     _save_png(fig, paths[0])

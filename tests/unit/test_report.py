@@ -44,6 +44,16 @@ def test_optional_columns_show_when_logged(tmp_path):
     assert "measured/predicted 2.00" in text
 
 
+def test_held_out_losses_are_summarized_with_their_steps():
+    records = [record(s, 3.0 - 0.1 * s, **({"eval_loss": {2: 3.1, 4: 2.9, 6: 2.95}[s]} if s % 2 == 0 else {}))
+               for s in range(1, 7)]
+    s = summarize(records)
+    assert s.eval_points == ((2, 3.1), (4, 2.9), (6, 2.95))
+    assert ("eval loss    first 3.1000 (step 2)   last 2.9500 (step 6)   min 2.9000 (step 4); held-out data, "
+            "3 evaluations") in format_summary(s)
+    assert "eval loss" not in format_summary(summarize([record(1, 2.0)]))
+
+
 def test_a_cpu_run_is_per_rank_and_not_compared_with_a_gpu_prediction():
     records = [record(s, 2.0, device="cpu", tflops_per_rank=0.002, predicted_step_time_s=0.001,
                       predicted_on="h100-80gb bf16") for s in range(1, 4)]
