@@ -77,6 +77,8 @@ def test_bad_resume_input_is_one_line_exit_2_before_any_process_group(runs, tmp_
     base, recipe, _, _ = runs
     other = tmp_path / "other.yaml"
     other.write_text(RECIPE.replace("model: tiny", "model: tiny-deep"))
+    held_out = tmp_path / "held_out.yaml"  # the same run, but a share of its data kept out of training
+    held_out.write_text(RECIPE.replace("data: {source: synthetic}", "data: {source: embedded, held_out: 0.34}"))
     (tmp_path / "empty").mkdir()
     damaged = tmp_path / "damaged"
     shutil.copytree(base / "ckpt" / "step-000004", damaged)
@@ -101,6 +103,8 @@ def test_bad_resume_input_is_one_line_exit_2_before_any_process_group(runs, tmp_
         (train + ["--resume", str(base / "ckpt" / "step-000004"), "--steps", "8"],
          ["trained with total steps 6, this run has 8 (--steps)", "--allow-changes"]),
         (train + ["--resume", str(base / "ckpt" / "step-000004"), "--seed", "3"], ["seed 0", "--allow-changes"]),
+        (["train", "--recipe", str(held_out), "--nproc", "2", "--resume", str(base / "ckpt" / "step-000004")],
+         ["trained with held-out share of the data 0.0, this run has 0.34 (data.held_out)", "--allow-changes"]),
         (train + ["--resume", str(base / "ckpt" / "step-000004"), "--stop-at-step", "4"], ["not after step 4", "resumes"]),
         (train + ["--resume", str(base)], ["no complete checkpoint", f"e.g. {base / 'ckpt'}"]),
         # a fresh run into the first run's directories
