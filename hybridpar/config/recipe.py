@@ -8,6 +8,7 @@ parallel: {tp: 2, pp: 2, dp: 2, cp: 1, vpp: 1, zero: 1, micro_batch: 2, sequence
            overlap_grad_reduce: true,    # DP gradient reduction during the last backward (hybridpar.grad_sync)
            overlap_param_gather: true}   # ZeRO 1/2 weight gather behind the next forward (hybridpar.param_gather)
 train: {global_batch: 16, seq_len: 32, steps: 5, lr: 3.0e-3, min_lr: 3.0e-4, warmup_steps: 2,
+        lr_decay: cosine,   # cosine | linear | constant | wsd (with wsd_decay_steps, wsd_decay) (hybridpar.config.optim)
         weight_decay: 0.1, grad_clip: 1.0, seed: 0, precision: auto}
 data: {source: synthetic}   # or {source: embedded, tokenizer: byte} / {source: indexed, path: PREFIX}
 cluster: {gpu: h100-80gb, gpus_per_node: 8}   # a GPU recipe: refuses to train without CUDA unless --allow-cpu
@@ -38,7 +39,7 @@ from hybridpar.topology.models import PRESETS, ModelSpec, ModelSpecError, load_m
 from hybridpar.topology.plan import RECOMPUTE_MODES, Plan
 from hybridpar.topology.spec_files import read_mapping
 
-from hybridpar.config.optim import OptimConfig, OptimizerSettings
+from hybridpar.config.optim import LR_DECAYS, WSD_DECAYS, OptimConfig, OptimizerSettings
 from hybridpar.errors import UsageError
 
 PRECISIONS = ("auto", "fp32", "bf16")
@@ -235,10 +236,11 @@ class Recipe:
                 out.append(f"train.{key} must be >= 0, got {getattr(t, key)}")
         if t.lr <= 0:
             out.append(f"train.lr must be > 0, got {t.lr}: the weights would never change")
-        elif t.min_lr > t.lr:
+        elif t.min_lr > t.lr and t.lr_decay != "constant":
             default = " (its default)" if t.min_lr == TrainSection.min_lr else ""
-            out.append(f"train.min_lr {t.min_lr:g}{default} is above train.lr {t.lr:g}: the cosine decay would "
+            out.append(f"train.min_lr {t.min_lr:g}{default} is above train.lr {t.lr:g}: the {t.lr_decay} decay would "
                        f"rise instead; set min_lr <= lr")
+        out.extend(self._schedule_problems())
         if p.dp is not None and p.dp < 1:
             out.append(f"parallel.dp must be a positive integer, got {p.dp}")
         if p.tp > 0 and self.model.vocab % p.tp:
@@ -281,6 +283,24 @@ class Recipe:
             return [f"train.warmup_steps {t.warmup_steps} is longer than the run's {t.steps} steps: it ends during "
                     f"warm-up at {t.steps / t.warmup_steps:.1%} of lr {t.lr:g} and never decays (fine for a short "
                     f"trial; set warmup_steps below steps for a real run)"]
+        return []
+
+    def _schedule_problems(self) -> list[str]:
+        t = self.train
+        if t.lr_decay not in LR_DECAYS:
+            return [f"train.lr_decay must be one of {', '.join(LR_DECAYS)}, got {t.lr_decay!r}"]
+        if t.wsd_decay not in WSD_DECAYS:
+            return [f"train.wsd_decay must be one of {', '.join(WSD_DECAYS)}, got {t.wsd_decay!r}"]
+        if t.lr_decay != "wsd":
+            if t.wsd_decay_steps:
+                return [f"train.wsd_decay_steps applies to train.lr_decay wsd, this recipe decays {t.lr_decay}: "
+                        f"set lr_decay: wsd or drop wsd_decay_steps"]
+            return []
+        if t.wsd_decay_steps < 1 or t.warmup_steps + t.wsd_decay_steps > t.steps:
+            example = max(1, t.steps // 5)
+            return [f"train.lr_decay wsd needs train.wsd_decay_steps, the last steps that decay to min_lr, from 1 to "
+                    f"steps - warmup_steps = {max(0, t.steps - t.warmup_steps)}, got {t.wsd_decay_steps} (e.g. "
+                    f"{example}, a fifth of the run)"]
         return []
 
     def _eval_problems(self) -> list[str]:

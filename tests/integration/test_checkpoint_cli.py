@@ -20,9 +20,12 @@ ROOT = Path(__file__).resolve().parents[2]
 RECIPE = """name: ckpt-cli
 model: tiny
 parallel: {tp: 1, pp: 1, zero: 1, micro_batch: 2}
-train: {global_batch: 8, seq_len: 16, steps: 6, lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 1, seed: 0, precision: fp32}
+train: {global_batch: 8, seq_len: 16, steps: 6, lr: 1.0e-2, min_lr: 1.0e-3, warmup_steps: 1, seed: 0, precision: fp32,
+        lr_decay: wsd, wsd_decay_steps: 2, wsd_decay: minus_sqrt}
 data: {source: synthetic}
 """
+# warmup-stable-decay: 1 step of warm-up, lr until step 4, then 1 - sqrt(progress) down to min_lr at step 6
+WSD_LRS = [1e-2, 1e-2, 1e-2, 1e-2, 1e-3 + 9e-3 * (1 - 0.5 ** 0.5), 1e-3]
 
 
 def hybridpar(*args, timeout=300):
@@ -55,6 +58,7 @@ def runs(tmp_path_factory):
 def test_first_run_saves_every_n_and_at_the_end(runs):
     base, _, straight, _ = runs
     assert [m["step"] for m in straight] == [1, 2, 3, 4, 5, 6]
+    assert [m["lr"] for m in straight] == pytest.approx(WSD_LRS, rel=1e-12)  # the recipe's schedule reached the ranks
     assert sorted(n for n in os.listdir(base / "ckpt") if not n.startswith('.')) == ["latest", "step-000004", "step-000006"]
     assert (base / "ckpt" / "latest").read_text().strip() == "step-000006"
     assert json.loads((base / "ckpt" / "step-000004" / "run.json").read_text())["name"] == "ckpt-cli"
@@ -77,6 +81,8 @@ def test_bad_resume_input_is_one_line_exit_2_before_any_process_group(runs, tmp_
     base, recipe, _, _ = runs
     other = tmp_path / "other.yaml"
     other.write_text(RECIPE.replace("model: tiny", "model: tiny-deep"))
+    cosine = tmp_path / "cosine.yaml"  # the same run with the default schedule
+    cosine.write_text(RECIPE.replace("lr_decay: wsd, wsd_decay_steps: 2, wsd_decay: minus_sqrt", "lr_decay: cosine"))
     held_out = tmp_path / "held_out.yaml"  # the same run, but a share of its data kept out of training
     held_out.write_text(RECIPE.replace("data: {source: synthetic}", "data: {source: embedded, held_out: 0.34}"))
     (tmp_path / "empty").mkdir()
@@ -103,6 +109,8 @@ def test_bad_resume_input_is_one_line_exit_2_before_any_process_group(runs, tmp_
         (train + ["--resume", str(base / "ckpt" / "step-000004"), "--steps", "8"],
          ["trained with total steps 6, this run has 8 (--steps)", "--allow-changes"]),
         (train + ["--resume", str(base / "ckpt" / "step-000004"), "--seed", "3"], ["seed 0", "--allow-changes"]),
+        (["train", "--recipe", str(cosine), "--nproc", "2", "--resume", str(base / "ckpt" / "step-000004")],
+         ["trained with LR decay wsd, this run has cosine (train.lr_decay)", "--allow-changes"]),
         (["train", "--recipe", str(held_out), "--nproc", "2", "--resume", str(base / "ckpt" / "step-000004")],
          ["trained with held-out share of the data 0.0, this run has 0.34 (data.held_out)", "--allow-changes"]),
         (train + ["--resume", str(base / "ckpt" / "step-000004"), "--stop-at-step", "4"], ["not after step 4", "resumes"]),

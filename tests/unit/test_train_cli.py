@@ -3,6 +3,7 @@ before any process group). The command as a process and 8 ranks == 1 rank:
 tests/integration/test_train_command.py."""
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -58,6 +59,43 @@ def test_lr_schedule_warmup_cosine_and_linear_scaling():
     assert abs(lr_at(7, cfg, 16) - 0.55) < 1e-12 and abs(lr_at(12, cfg, 16) - 0.1) < 1e-12
     scaled = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=0, total_steps=10, lr_scale_base_batch=8)
     assert lr_at(1, scaled, 32) > 3.9  # 4x the batch -> 4x the LR
+
+
+@pytest.mark.parametrize("decay, wsd, want", [
+    # 12 steps, 2 of warm-up to lr 1.0; the decays end at min_lr 0.1 on the last step
+    ("linear", {}, [0.5, 1.0, 0.91, 0.82, 0.73, 0.64, 0.55, 0.46, 0.37, 0.28, 0.19, 0.1]),
+    ("constant", {}, [0.5] + [1.0] * 11),
+    # warmup-stable-decay: lr until the last 4 steps, then each shape from 1.0 to 0.1
+    ("wsd", {"wsd_decay": "linear"}, [0.5] + [1.0] * 7 + [0.775, 0.55, 0.325, 0.1]),
+    ("wsd", {"wsd_decay": "cosine"}, [0.5] + [1.0] * 7 + [0.1 + 0.9 * (1 + math.cos(math.pi * k / 4)) / 2 for k in (1, 2, 3, 4)]),
+    ("wsd", {"wsd_decay": "minus_sqrt"}, [0.5] + [1.0] * 7 + [0.1 + 0.9 * (1 - math.sqrt(k / 4)) for k in (1, 2, 3, 4)]),
+    ("wsd", {"wsd_decay": "exponential"}, [0.5] + [1.0] * 7 + [0.1 + 0.9 * (2 * 0.5 ** (k / 4) - 1) for k in (1, 2, 3, 4)]),
+])
+def test_lr_decay_schedules(decay, wsd, want):
+    from hybridpar.config.optim import OptimConfig, lr_at
+
+    cfg = OptimConfig(lr=1.0, min_lr=0.1, warmup_steps=2, total_steps=12, lr_decay=decay,
+                      wsd_decay_steps=4 if decay == "wsd" else 0, **wsd)
+    assert [lr_at(s, cfg, 16) for s in range(1, 13)] == pytest.approx(want, abs=1e-12)
+
+
+@pytest.mark.parametrize("train, message", [
+    ({"lr_decay": "step"}, "train.lr_decay must be one of cosine, linear, constant, wsd, got 'step'"),
+    ({"lr_decay": "wsd"}, "train.lr_decay wsd needs train.wsd_decay_steps, the last steps that decay to min_lr, from 1 to "
+                          "steps - warmup_steps = 10, got 0 (e.g. 2, a fifth of the run)"),
+    ({"lr_decay": "wsd", "wsd_decay_steps": 9, "warmup_steps": 2}, "from 1 to steps - warmup_steps = 8, got 9"),
+    ({"lr_decay": "wsd", "wsd_decay_steps": 2, "wsd_decay": "step"}, "train.wsd_decay must be one of linear"),
+    ({"wsd_decay_steps": 2}, "applies to train.lr_decay wsd, this recipe decays cosine"),
+    ({"lr_decay": "linear", "lr": 1e-3, "min_lr": 1e-2}, "the linear decay would rise instead"),
+])
+def test_lr_decay_settings_are_checked(train, message):
+    from hybridpar.config.recipe import recipe_from_dict
+
+    recipe = recipe_from_dict({"model": "tiny", "train": {"global_batch": 16, "seq_len": 32, "steps": 10, **train}})
+    assert message in recipe.problems()[0], recipe.problems()
+    constant = recipe_from_dict({"model": "tiny", "train": {"global_batch": 16, "seq_len": 32, "lr": 1e-3, "min_lr": 1e-2,
+                                                             "lr_decay": "constant"}})
+    assert constant.problems() == []  # min_lr is not used by a constant LR
 
 
 # --- bad input --------------------------------------------------------------------------------
