@@ -99,7 +99,7 @@ class Manifest:
     adam_step: int = 0
     optim: dict = field(default_factory=dict)
     seed: int = 0
-    data: dict = field(default_factory=dict)  # {"held_out": share of the data kept out of training}
+    data: dict = field(default_factory=dict)  # {"held_out": share kept out of training, "blend": {prefix: weight}}
     format: str = FORMAT
     version: int = VERSION
 

@@ -197,7 +197,7 @@ def _commit(job, save_dir, tmp_name, step, save_id, reports, run) -> str:
     manifest = Manifest(
         step=step, save_id=save_id, plan=job.plan.to_dict(), files=files, params=params,
         adam_step=steps.pop(), optim=asdict(job.optim), seed=job.seed,
-        data={"held_out": getattr(job.source, "held_out", 0.0)},
+        data={"held_out": getattr(job.source, "held_out", 0.0), "blend": getattr(job.source, "blend", None)},
     )
     write_bytes(os.path.join(tmp, "manifest.json"), manifest.to_json().encode())
     return commit(save_dir, tmp_name, step, save_id)

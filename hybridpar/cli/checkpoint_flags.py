@@ -126,6 +126,7 @@ def _settings(manifest, recipe) -> list[tuple[str, object, object, str]]:
         ("global batch", manifest.plan.get("global_batch"), t.global_batch, "--global-batch"),
         ("seed", manifest.seed, t.seed, "--seed"),
         ("held-out share of the data", manifest.data.get("held_out"), recipe.data.held_out, "data.held_out"),
+        ("data blend", manifest.data.get("blend"), recipe.data.blend, "data.blend"),
     ]
 
 

@@ -39,6 +39,7 @@ from hybridpar.topology.models import PRESETS, ModelSpec, ModelSpecError, load_m
 from hybridpar.topology.plan import RECOMPUTE_MODES, Plan
 from hybridpar.topology.spec_files import read_mapping
 
+from hybridpar.data.blend import BLOCK, block_counts
 from hybridpar.config.optim import LR_DECAYS, WSD_DECAYS, OptimConfig, OptimizerSettings
 from hybridpar.errors import UsageError
 
@@ -85,6 +86,8 @@ class DataSection:
     tokenizer: Optional[str] = None
     data_dir: Optional[str] = None
     cache_dir: Optional[str] = None
+    # A mixture of indexed datasets instead of one path: {prefix: weight} (hybridpar.data.blend).
+    blend: Optional[dict] = None
     # Share of an indexed or embedded dataset's sequences kept out of training for evaluation:
     # megatron's validation split, the last sequences in file order (hybridpar.data.held_out).
     held_out: float = 0.0
@@ -268,8 +271,9 @@ class Recipe:
                 load_gpu(c.gpu)
             except HardwareError as err:
                 out.append(f"cluster.gpu: {err}")
-        if self.data.source == "indexed" and not self.data.path:
-            out.append("data.source indexed needs data.path (the .bin/.idx prefix)")
+        if self.data.source == "indexed" and not self.data.path and self.data.blend is None:
+            out.append("data.source indexed needs data.path (the .bin/.idx prefix) or data.blend")
+        out.extend(self._blend_problems())
         out.extend(self._eval_problems())
         if not out:
             plan = self.to_plan_unresolved()
@@ -301,6 +305,30 @@ class Recipe:
             return [f"train.lr_decay wsd needs train.wsd_decay_steps, the last steps that decay to min_lr, from 1 to "
                     f"steps - warmup_steps = {max(0, t.steps - t.warmup_steps)}, got {t.wsd_decay_steps} (e.g. "
                     f"{example}, a fifth of the run)"]
+        return []
+
+    def _blend_problems(self) -> list[str]:
+        d = self.data
+        if d.blend is None:
+            return []
+        example = "e.g. {data/web: 0.7, data/code: 0.3}"
+        if d.source != "indexed":
+            return [f"data.blend mixes indexed datasets: set data.source indexed (it is {d.source})"]
+        if d.path:
+            return ["data.path and data.blend both name the data: give one of them"]
+        if not isinstance(d.blend, dict) or not d.blend:
+            return [f"data.blend must map each dataset prefix to its weight, {example}, got {d.blend!r}"]
+        for prefix, weight in d.blend.items():
+            if not isinstance(prefix, str) or not prefix:
+                return [f"data.blend keys are dataset prefixes (PREFIX.bin/.idx), {example}, got {prefix!r}"]
+            ok = isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight) and weight > 0
+            if not ok:
+                return [f"data.blend weight of {prefix} must be a positive number, got {weight!r}"]
+        counts = block_counts([float(w) for w in d.blend.values()])
+        for prefix, count in zip(d.blend, counts):
+            if count == 0:
+                return [f"data.blend weight of {prefix} is below 1/{BLOCK} of the total: it would never be sampled; "
+                        f"raise it or drop the dataset"]
         return []
 
     def _eval_problems(self) -> list[str]:

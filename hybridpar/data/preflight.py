@@ -19,7 +19,7 @@ from hybridpar.data.tokenizers import BYTE, check_vocab, load_tokenizer
 
 
 def check_data_source(kind: str, *, model_vocab: int, path: str | None = None, tokenizer: str | None = None,
-                      held_out: float = 0.0, seq_len: int = 1) -> None:
+                      held_out: float = 0.0, seq_len: int = 1, blend: dict | None = None) -> None:
     if kind not in KINDS:
         raise UsageError(f"unknown data source '{kind}': use one of {', '.join(KINDS)}")
     if kind == "synthetic":
@@ -31,8 +31,16 @@ def check_data_source(kind: str, *, model_vocab: int, path: str | None = None, t
             files = corpus_files()
             check_parts("the embedded corpus", [os.path.getsize(f) for f in files], held_out, seq_len)
         return
+    if blend:
+        for prefix in blend:
+            _check_indexed(prefix, model_vocab, tokenizer, held_out, seq_len)
+        return
     if not path:
         raise UsageError("the indexed data source needs data.path, the prefix of a .bin/.idx pair")
+    _check_indexed(path, model_vocab, tokenizer, held_out, seq_len)
+
+
+def _check_indexed(path: str, model_vocab: int, tokenizer: str | None, held_out: float, seq_len: int) -> None:
     for ext in (".bin", ".idx"):
         if not os.path.isfile(path + ext):
             raise UsageError(f"no indexed dataset at {path}: {path}{ext} is missing; run `hybridpar data prepare`")

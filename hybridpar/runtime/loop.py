@@ -66,7 +66,8 @@ def train(run, hooks=(), print_fn=print, stop=None) -> TrainOutcome:
     plan, d = run.plan, run.data
     source = make_token_source(d.source, seq_len=plan.seq_len, global_batch_size=plan.global_batch,
                                model_vocab=plan.model.vocab, seed=run.seed, path=d.path, tokenizer=d.tokenizer,
-                               data_dir=d.data_dir, cache_dir=d.cache_dir, held_out=d.held_out)
+                               data_dir=d.data_dir, cache_dir=d.cache_dir, held_out=d.held_out,
+                               blend=d.blend)
 
     def build(layout) -> Job:
         return Job(layout, run.optim, source, seed=run.seed, overlap_grad_reduce=run.overlap_grad_reduce,

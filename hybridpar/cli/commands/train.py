@@ -124,7 +124,7 @@ def prepare(args):
 
     d = recipe.data
     check_data_source(d.source, model_vocab=recipe.model.vocab, path=d.path, tokenizer=d.tokenizer,
-                      held_out=d.held_out, seq_len=recipe.train.seq_len)
+                      held_out=d.held_out, seq_len=recipe.train.seq_len, blend=d.blend)
     if os.environ.get("RANK", "0") == "0":  # the launcher, or rank 0 under a cluster launcher
         for line in recipe.warnings():
             print(f"hybridpar train: warning: {line}", file=sys.stderr, flush=True)
