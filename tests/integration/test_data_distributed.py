@@ -12,6 +12,7 @@ import torch
 
 from hybridpar.data import ByteTokenizer, IndexedTokens, make_token_source, prepare
 from hybridpar.data.embedded import corpus_files
+from play_datasets import play_dataset
 
 WORKER = r"""
 import sys, torch, torch.distributed as dist
@@ -55,15 +56,7 @@ def test_a_blended_run_with_held_out_data_trains_from_the_command_line(tmp_path)
     """Two datasets of five documents each (Macbeth and The Tempest), mixed 3:1, a fifth of each held
     out; 2 ranks (DP2) for 4 steps, evaluating after steps 2 and 4: every step logged, held-out losses
     where due, and the checkpoint records the blend and the split."""
-    prefixes = []
-    for n, play in enumerate(corpus_files()[1:]):
-        text = open(play, encoding="ascii").read()
-        docs = []
-        for i in range(5):
-            docs.append(tmp_path / f"d{n}{i}.txt")
-            docs[-1].write_text(text[3000 + 4000 * i: 3000 + 4000 * i + 3000])
-        prefixes.append(str(tmp_path / f"part{n}"))
-        prepare([str(d) for d in docs], prefixes[-1], ByteTokenizer(), progress=False)
+    prefixes = [play_dataset(tmp_path, f"part{n}", play, 5, 3000, 4000, lambda i: 3000)[0] for n, play in enumerate((1, 2))]
     recipe = tmp_path / "blend.yaml"
     recipe.write_text("name: blend\nmodel: tiny\nparallel: {micro_batch: 2}\n"
                       "train: {global_batch: 8, seq_len: 32, steps: 4, lr: 1.0e-2, min_lr: 1.0e-3}\n"

@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from hybridpar.config.recipe import recipe_from_dict
-from hybridpar.data import ByteTokenizer, IndexedTokens, make_token_source, prepare
+from hybridpar.data import IndexedTokens, load_tokenizer, make_token_source, prepare
 from hybridpar.data.blend import BLOCK, BlendedTokens, block_counts
 from hybridpar.data.embedded import corpus_files
 from hybridpar.errors import UsageError
+from play_datasets import play_dataset
 from test_data_prepare import make_tokenizer_json
 
 SEQ, BATCH = 32, 8
@@ -17,16 +18,7 @@ SEQ, BATCH = 32, 8
 def parts(tmp_path_factory):
     """Three datasets of ten documents each, cut from the three plays (byte tokenizer)."""
     root = tmp_path_factory.mktemp("blend")
-    prefixes = []
-    for n, play in enumerate(corpus_files()):
-        text = open(play, encoding="ascii").read()
-        paths = []
-        for i in range(10):
-            paths.append(root / f"p{n}-{i}.txt")
-            paths[-1].write_text(text[4000 + 900 * i: 4000 + 900 * i + 600])
-        prefixes.append(str(root / f"play{n}"))
-        prepare([str(p) for p in paths], prefixes[-1], ByteTokenizer(), progress=False)
-    return prefixes
+    return [play_dataset(root, f"play{n}", n, 10, 4000, 900, lambda i: 600)[0] for n in range(3)]
 
 
 def test_block_counts_are_the_shares_rounded_by_largest_remainder():
@@ -81,8 +73,6 @@ def test_datasets_of_different_tokenizers_are_not_mixed(parts, tmp_path):
     tokenizer = tmp_path / "tokenizer.json"
     make_tokenizer_json(tokenizer)
     (tmp_path / "doc.txt").write_text(open(corpus_files()[0], encoding="ascii").read()[:3000])
-    from hybridpar.data import load_tokenizer
-
     prepare([str(tmp_path / "doc.txt")], str(tmp_path / "bpe"), load_tokenizer(str(tokenizer)), progress=False)
     with pytest.raises(UsageError, match="data.blend mixes datasets of different tokenizers: .*play0 \\(byte, vocab 257\\)"):
         make_token_source("indexed", seq_len=SEQ, global_batch_size=BATCH, model_vocab=320,

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from hybridpar.config.recipe import recipe_from_dict
-from hybridpar.data import ByteTokenizer, IndexedTokens, SyntheticTokens, prepare
-from hybridpar.data.embedded import corpus_files
+from hybridpar.data import IndexedTokens, SyntheticTokens
 from hybridpar.data.held_out import check_split, split_counts, split_weights
 from hybridpar.errors import UsageError
+from play_datasets import play_dataset
 
 SEQ, BATCH = 32, 4
 
@@ -15,14 +15,7 @@ SEQ, BATCH = 32, 4
 @pytest.fixture(scope="module")
 def docs(tmp_path_factory):
     """Twenty documents of 200-390 characters cut from Hamlet, each a sequence of its own."""
-    root = tmp_path_factory.mktemp("held")
-    text = open(corpus_files()[0], encoding="ascii").read()
-    paths = []
-    for i in range(20):
-        paths.append(root / f"d{i:02d}.txt")
-        paths[-1].write_text(text[3000 + 1000 * i: 3000 + 1000 * i + 200 + 10 * i])
-    prepare([str(p) for p in paths], str(root / "ds"), ByteTokenizer(), progress=False)
-    return str(root / "ds"), [p.read_text() for p in paths]
+    return play_dataset(tmp_path_factory.mktemp("held"), "ds", 0, 20, 3000, 1000, lambda i: 200 + 10 * i)
 
 
 @pytest.mark.parametrize("share", [0.05, 0.1, 1 / 3, 0.5, 0.74])
