@@ -4,7 +4,7 @@
 before any rank starts: the layout Plan (model, batch, TP/CP/PP/DP, micro-batch, ZeRO,
 recomputation, precision), the optimizer and its schedule, the data, the overlaps, where and how
 often to save and what to resume from, failure handling, the sample, the held-out evaluation, when
-to stop early, and the run directory. ``hybridpar train`` builds it once (cli/commands/train.py), writes it to
+to stop early, what to profile, and the run directory. ``hybridpar train`` builds it once (cli/commands/train.py), writes it to
 ``OUT/plan.json`` and hands that file to the local ranks, which read it instead of re-parsing
 flags; plan.json is thus the complete record of how to reproduce the run.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
 from hybridpar.config.optim import OptimConfig
@@ -40,6 +40,22 @@ class StopSettings:
 
 
 @dataclass(frozen=True)
+class ProfileSettings:
+    """``--profile-steps A-B --profile-ranks R,..|all`` (observe/profile.py)."""
+
+    first_step: int = 0  # 0: no profile
+    last_step: int = 0
+    ranks: list = field(default_factory=lambda: [0])  # global ranks; empty: every rank
+
+    @property
+    def on(self) -> bool:
+        return self.first_step > 0
+
+    def covers(self, rank: int) -> bool:
+        return not self.ranks or rank in self.ranks
+
+
+@dataclass(frozen=True)
 class RunPlan:
     name: str
     plan: Plan
@@ -54,6 +70,7 @@ class RunPlan:
     sample: GenerateSection = GenerateSection()
     eval: EvalSection = EvalSection()
     stop: StopSettings = StopSettings()
+    profile: ProfileSettings = ProfileSettings()
     progress: Optional[bool] = None  # rank 0's progress bar; None: when stdout is a terminal
     recipe: Optional[str] = None  # the recipe file it came from (provenance only)
 
@@ -75,7 +92,7 @@ class RunPlan:
             raise ValueError(f"not a {FORMAT} (format {data.get('format')!r})")
         sections = {"optim": OptimConfig, "data": DataSection, "checkpoint": CheckpointSettings,
                     "reliability": ReliabilitySection, "sample": GenerateSection, "stop": StopSettings,
-                    "eval": EvalSection}
+                    "eval": EvalSection, "profile": ProfileSettings}
         values = {f.name: data[f.name] for f in fields(cls) if f.name in data}
         values["plan"] = Plan.from_dict(values["plan"])
         for name, section in sections.items():

@@ -5,7 +5,7 @@ launches local ranks, or on rank 0 under a cluster launcher), and holds until th
 - a fresh run (no ``--resume``) into a run directory that already holds metrics or a plan, or
   into a save directory that already holds checkpoints, is refused in one line naming
   ``--resume auto`` and ``--overwrite``; ``--overwrite`` first deletes what hybridpar wrote there
-  (metrics.jsonl, plan.json, sample.txt, step-*/ and latest), nothing else;
+  (metrics.jsonl, plan.json, sample.txt, profile/rank-*-steps-*.json, step-*/ and latest), nothing else;
 - each directory is locked (``flock`` on ``.hybridpar.lock``) for the run's lifetime: a second
   run on the same directory is refused, naming the holder; the kernel drops the lock when the
   holding process dies, however it dies, so a dead run never holds it.
@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from hybridpar.errors import UsageError
 from hybridpar.files import why_not_writable, write_atomic
+from hybridpar.observe.profile import traces_in
 
 LOCK_NAME = ".hybridpar.lock"
 RUN_FILES = ("metrics.jsonl", "plan.json", "sample.txt")
@@ -49,6 +50,7 @@ def _checkpoints_in(save_dir: str) -> list[str]:
 def previous_run(dirs: RunDirs) -> list[str]:
     """What an earlier run left that a fresh run would overwrite or mix with."""
     found = [os.path.join(dirs.out, n) for n in RUN_FILES[:2] if os.path.isfile(os.path.join(dirs.out, n))]
+    found += traces_in(dirs.out)
     if dirs.save_dir:
         found += [os.path.join(dirs.save_dir, n) for n in _checkpoints_in(dirs.save_dir)]
     return found
@@ -68,6 +70,8 @@ def remove_previous_run(dirs: RunDirs) -> None:
         path = os.path.join(dirs.out, name)
         if os.path.isfile(path):
             os.remove(path)
+    for path in traces_in(dirs.out):
+        os.remove(path)
     if dirs.save_dir:
         for name in _checkpoints_in(dirs.save_dir):
             path = os.path.join(dirs.save_dir, name)

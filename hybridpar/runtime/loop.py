@@ -198,8 +198,8 @@ def _lost_peer(err: BaseException) -> bool:
 
 def run_hooks(run, print_fn=print, stop=None, monitor=None) -> list:
     """The hooks of a ``hybridpar train`` run, in their order: fault injection (tests only) and
-    the replica check, the held-out evaluation, the Hugging Face start and the checkpointer, the
-    per-step monitor (metrics.StepMonitor), the sample after the last step."""
+    the replica check, the held-out evaluation, the profiler, the Hugging Face start and the
+    checkpointer, the per-step monitor (metrics.StepMonitor), the sample after the last step."""
     from hybridpar.checkpoint.hook import run_checkpoint_hooks
     from hybridpar.observe.sample import SampleHook
     from hybridpar.reliability.faults import hooks_from_env
@@ -214,6 +214,10 @@ def run_hooks(run, print_fn=print, stop=None, monitor=None) -> list:
         from hybridpar.observe.evaluation import EvalHook
 
         hooks.append(EvalHook(run.eval.every, run.eval.batches, run.steps))
+    if run.profile.on:
+        from hybridpar.observe.profile import ProfileHook
+
+        hooks.append(ProfileHook(run.out, run.profile, print_fn=print_fn))
     hooks += run_checkpoint_hooks(run, print_fn, stop)
     if monitor is not None:
         hooks.append(monitor)

@@ -117,6 +117,13 @@ CASES = [
     ("train-zero3", f"train --recipe {TINY} --nproc 8 --zero 3", "ZeRO-3"),
     ("train-negative-nproc", f"train --recipe {TINY} --nproc -2", "--nproc"),
     ("train-missing-data", "train --recipe missingdata.yaml", "nowhere/x"),
+    # profiling
+    ("train-profile-steps-backwards", f"train --recipe {TINY} --nproc 8 --profile-steps 5-3", "first to last (e.g. 5-7)"),
+    ("train-profile-steps-beyond", f"train --recipe {TINY} --nproc 8 --profile-steps 25", "run's last step 20"),
+    ("train-profile-steps-not-a-range", f"train --recipe {TINY} --nproc 8 --profile-steps two", "a step N or a range A-B"),
+    ("train-profile-ranks-outside", f"train --recipe {TINY} --nproc 8 --profile-steps 2 --profile-ranks 0,8",
+     "--profile-ranks 8 is outside the world of 8 ranks"),
+    ("train-profile-ranks-alone", f"train --recipe {TINY} --nproc 8 --profile-ranks all", "add --profile-steps A-B"),
     # held-out evaluation
     ("train-negative-eval-every", f"train --recipe {TINY} --nproc 8 --eval-every -1", "--eval-every must be 0 or a positive"),
     ("eval-without-held-out-data", "train --recipe evalnoheld.yaml", "eval.every 5 needs held-out data: set data.held_out"),

@@ -21,6 +21,9 @@ def _previous_run(out: Path) -> None:
     (out / "notes.txt").write_text("mine")  # not hybridpar's: never deleted
     (out / "ckpt" / "step-000002").mkdir(parents=True)
     (out / "ckpt" / "latest").write_text("step-000002\n")
+    (out / "profile").mkdir()
+    (out / "profile" / "rank-00000-steps-1-2.json").write_text("{}")  # its trace (observe/profile.py)
+    (out / "profile" / "mine.json").write_text("{}")
 
 
 def test_a_fresh_run_never_mixes_with_an_earlier_one(tmp_path):
@@ -32,8 +35,16 @@ def test_a_fresh_run_never_mixes_with_an_earlier_one(tmp_path):
     assert (out / "metrics.jsonl").exists() and (out / "ckpt" / "step-000002").exists()  # nothing touched
     claim(dirs, resuming=True, overwrite=False).release()  # continuing it is fine
     claim(dirs, resuming=False, overwrite=True).release()
-    assert sorted(os.listdir(out)) == [LOCK_NAME, "ckpt", "notes.txt"]
-    assert os.listdir(out / "ckpt") == [LOCK_NAME]
+    assert sorted(os.listdir(out)) == [LOCK_NAME, "ckpt", "notes.txt", "profile"]
+    assert os.listdir(out / "ckpt") == [LOCK_NAME] and os.listdir(out / "profile") == ["mine.json"]
+
+
+def test_a_trace_alone_is_an_earlier_run(tmp_path):
+    out = tmp_path / "run"
+    (out / "profile").mkdir(parents=True)
+    (out / "profile" / "rank-00003-steps-5-7.json").write_text("{}")
+    with pytest.raises(UsageError, match="already holds a run"):
+        claim(RunDirs(str(out), None), resuming=False, overwrite=False)
 
 
 def test_a_save_dir_holding_another_runs_checkpoints_is_named(tmp_path):

@@ -96,6 +96,7 @@ def checked_recipe(args, world: int):
     recipe = with_overrides(recipe, **flags)
     recipe = watch_flags.apply(reliability_flags.apply(recipe, args), args)
     recipe = recipe.validate(world)
+    watch_flags.profile_settings(args, recipe.train.steps, world)
     if args.stop_at_step is not None and args.stop_at_step > recipe.train.steps:
         raise UsageError(f"--stop-at-step {args.stop_at_step} is beyond the run's last step {recipe.train.steps}: "
                          "it would never stop there; give a step up to --steps")
@@ -134,6 +135,7 @@ def prepare(args):
         overlap_param_gather=recipe.parallel.overlap_param_gather, checkpoint=checkpoint,
         reliability=recipe.reliability, sample=recipe.generate, eval=recipe.eval,
         stop=StopSettings(args.stop_at_step, None if args.exit_after is None else args.exit_after * 60),
+        profile=watch_flags.profile_settings(args, recipe.train.steps, recipe.to_plan_unresolved().world_size),
         progress=args.progress, recipe=args.recipe,
     )
 
