@@ -177,46 +177,81 @@ def _save_png(fig, path: str) -> None:
 
 
 def plot(records: list[dict], out_dir: str, loss_baseline: float | None = None) -> list[str]:
-    """Write loss.png and throughput.png under out_dir; return their paths."""
+    """Write loss.png and throughput.png of one run under out_dir; return their paths."""
+    return plot_runs([("", records)], out_dir, loss_baseline)
+
+
+def tokens_per_step(run_dir: str) -> int:
+    """Tokens of one optimizer step of the run in RUN_DIR (its plan.json: global batch x sequence)."""
+    path = os.path.join(run_dir, "plan.json")
+    try:
+        with open(path) as f:
+            plan = json.load(f)["plan"]
+        return int(plan["global_batch"]) * int(plan["seq_len"])
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"{path} is missing or unreadable: --by-tokens needs the run's plan.json (its global batch "
+                         f"and sequence length)") from None
+
+
+def plot_runs(runs: list[tuple[str, list[dict]]], out_dir: str, loss_baseline: float | None = None,
+              tokens: list[int] | None = None) -> list[str]:
+    """Write loss.png and throughput.png under out_dir with every run's curves, each labelled (one
+    unlabelled run: its own report); ``tokens``: each run's tokens per step, to draw against tokens
+    seen instead of steps (runs of different batch sizes compare there). Returns the paths."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = [r["step"] for r in records]
     paths = [os.path.join(out_dir, name) for name in PLOTS]
+    scale = tokens or [1] * len(runs)
+    xlabel = "tokens" if tokens else "step"
+
+    def xs(records, k):
+        return [r["step"] * scale[k] for r in records]
 
     fig, ax = plt.subplots(figsize=(7, 4))
-    ax.plot(steps, [r["loss"] for r in records], lw=1.2, label="loss")
-    held = [(r["step"], r["eval_loss"]) for r in records if r.get("eval_loss") is not None]
-    if held:
-        ax.plot([p[0] for p in held], [p[1] for p in held], "o-", ms=3, lw=1.2, label="held-out loss")
+    any_held = False
+    for k, (label, records) in enumerate(runs):
+        line, = ax.plot(xs(records, k), [r["loss"] for r in records], lw=1.2, label=f"{label} loss" if label else "loss")
+        held = [r for r in records if r.get("eval_loss") is not None]
+        if held:
+            any_held = True
+            ax.plot(xs(held, k), [r["eval_loss"] for r in held], "o--", ms=3, lw=1.0, color=line.get_color(),
+                    label=f"{label} held-out" if label else "held-out loss")
     if loss_baseline is not None:
         ax.axhline(loss_baseline, color="gray", ls="--", lw=1, label=f"baseline {loss_baseline:.3f}")
-    ax.set(xlabel="step", ylabel="loss (nats/token)", title="Training and held-out loss" if held else "Training loss")
+    ax.set(xlabel=xlabel, ylabel="loss (nats/token)",
+           title="Training and held-out loss" if any_held else "Training loss")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small")
     _save_png(fig, paths[0])
     plt.close(fig)
 
+    all_records = [r for _, records in runs for r in records]
     panels = [("tokens_per_s", "tokens/s"), ("step_time_s", "step time (s)")]
-    if any(r.get("tflops_per_gpu") is not None for r in records):
+    if any(r.get("tflops_per_gpu") is not None for r in all_records):
         panels.append(("tflops_per_gpu", "TFLOP/s per GPU"))
-    elif any(r.get("tflops_per_rank") is not None for r in records):
+    elif any(r.get("tflops_per_rank") is not None for r in all_records):
         panels.append(("tflops_per_rank", "TFLOP/s per CPU rank"))
     fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.4 * len(panels)), sharex=True)
     for ax, (key, label) in zip(axes, panels):
-        points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
-        ax.plot([p[0] for p in points], [p[1] for p in points], lw=1.2)
+        for k, (name, records) in enumerate(runs):
+            points = [r for r in records if r.get(key) is not None]
+            ax.plot(xs(points, k), [r[key] for r in points], lw=1.2, label=name or None)
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)
-    predicted = records[-1].get("predicted_step_time_s")
-    if predicted is not None and not summarize(records).on_cpu:  # a GPU prediction is no line for CPU timings
-        on = records[-1].get("predicted_on")
-        axes[1].axhline(predicted, color="gray", ls="--", lw=1, label=f"planner's prediction{f' ({on})' if on else ''}")
-        axes[1].legend()
+    if len(runs) == 1:
+        records = runs[0][1]
+        predicted = records[-1].get("predicted_step_time_s")
+        if predicted is not None and not summarize(records).on_cpu:  # a GPU prediction is no line for CPU timings
+            on = records[-1].get("predicted_on")
+            axes[1].axhline(predicted, color="gray", ls="--", lw=1, label=f"planner's prediction{f' ({on})' if on else ''}")
+            axes[1].legend()
+    else:
+        axes[0].legend(fontsize="small")
     axes[0].set_title("Throughput")
-    axes[-1].set_xlabel("step")
+    axes[-1].set_xlabel(xlabel)
     _save_png(fig, paths[1])
     plt.close(fig)
     return paths
