@@ -1,7 +1,9 @@
 """Tokenizers: a built-in byte-level one, and any HuggingFace ``tokenizer.json`` from a local path.
 
 Both expose ``name`` (what ``load_tokenizer`` accepts to rebuild it), ``vocab_size``, ``eod``
-(the end-of-document id appended after every document), ``encode(text)`` and ``decode(ids)``.
+(the end-of-document id appended after every document), ``encode(text)``, ``encode_batch(texts)``
+(the same ids for many documents at once: the Hugging Face tokenizer spreads them over every core)
+and ``decode(ids)``.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str) -> list[int]: ...
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]: ...
+
     def decode(self, ids: Iterable[int]) -> str: ...
 
 
@@ -39,6 +43,9 @@ class ByteTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        return [list(t.encode("utf-8")) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
         # End-of-document ends a line of output; ids past the byte range (a model with a larger
@@ -82,6 +89,10 @@ class HFTokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        # tokenizers' Rust side encodes the batch on a thread pool of every core (RAYON_NUM_THREADS caps it)
+        return [e.ids for e in self._tok.encode_batch(texts, add_special_tokens=False)]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)

@@ -186,6 +186,7 @@ BAD_BENCH_INVOCATIONS = [
     ("scaling", ["--max-gpus", "0"]), ("scaling", ["--max-gpus", "4"]), ("scaling", ["--models", "nosuch"]),
     ("gpu", ["--steps", "0"]), ("gpu", ["--global-batch", "15"]), ("gpu", ["--seq-len", "x"]),
     ("planner_speed", ["--repeats", "0"]), ("planner_speed", ["--bogus"]),
+    ("data_prepare", ["--documents", "0"]), ("data_prepare", ["--repeats", "x"]), ("data_prepare", ["--vocab", "-5"]),
     ("kernels", ["--out", "gpu.json"]), ("kernels", ["--out", "no/such/folder/gpu.yaml"]),
     ("kernels", ["--sizes", "4096,0"]), ("kernels", ["--sizes", "4k"]), ("kernels", ["--seconds", "0"]), ("kernels", ["--soak", "-1"]),
     ("init", ["--gpus", "0"]), ("init", ["--recipe", "no/such.yaml"]), ("init", ["--gpus", "7"]),

@@ -100,6 +100,32 @@ def test_prepare_json_lines_with_a_chosen_key_and_a_tokenizer_json(tmp_path):
     assert [tok.decode(d[:-1]) for d in docs] == DOCS
 
 
+@pytest.mark.parametrize("documents, size", [(1, 1 << 30), (7, 1 << 30), (1 << 20, 300)])
+def test_batched_tokenization_writes_what_one_document_at_a_time_writes(tmp_path, monkeypatch, documents, size):
+    """prepare encodes documents in batches (by count or by bytes; encode_batch runs on every core): the
+    files are byte for byte those of encoding one document at a time, blank lines and files between them."""
+    import sys
+
+    prepare_module = sys.modules["hybridpar.data.prepare"]  # the package binds the function under this name
+
+    make_tokenizer_json(tmp_path / "tokenizer.json")
+    tok = load_tokenizer(str(tmp_path / "tokenizer.json"))
+    play = open(corpus_files()[1], encoding="ascii").read()
+    texts = [play[i: i + 40 + i % 97] for i in range(0, 20_000, 333)]
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" + ("\n" if k % 9 == 0 else "")
+                                              for k, t in enumerate(texts[:40])), encoding="utf-8")
+    (tmp_path / "b.txt").write_text(texts[40], encoding="utf-8")
+    (tmp_path / "c.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts[41:]), encoding="utf-8")
+    inputs = [str(tmp_path / n) for n in ("a.jsonl", "b.txt", "c.jsonl")]
+    prepare(inputs, str(tmp_path / "one"), tok, progress=False)
+    assert read_documents(str(tmp_path / "one")) == [tok.encode(t) + [tok.eod] for t in texts]
+    monkeypatch.setattr(prepare_module, "BATCH_DOCUMENTS", documents)
+    monkeypatch.setattr(prepare_module, "BATCH_BYTES", size)
+    prepare(inputs, str(tmp_path / "batched"), tok, progress=False)
+    for ext in (".bin", ".idx"):
+        assert (tmp_path / f"batched{ext}").read_bytes() == (tmp_path / f"one{ext}").read_bytes()
+
+
 def test_failed_prepare_leaves_nothing_behind_and_keeps_the_old_files(tmp_path):
     good = tmp_path / "good.jsonl"
     good.write_text(json.dumps({"text": "fine"}) + "\n")
