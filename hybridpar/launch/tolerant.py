@@ -32,14 +32,15 @@ from hybridpar.cli.main import main as cli_main
 from hybridpar.launch.forked import FORWARDED, ForkedRank, can_fork, rank_name
 from hybridpar.launch.launcher_death import LAUNCHER_PID, TOLERANT_STORE
 from hybridpar.launch.local import free_port
+from hybridpar.reliability.nonfinite import EXIT_CODE as NONFINITE_EXIT
 
 STORE_ENV = TOLERANT_STORE  # host:port of the launcher's store, for the ranks
 MEMBER_ENV = "HYBRIDPAR_MEMBER"  # a rank's permanent member id
 POLL_S = 0.1
 # Exit codes by which every rank ends the job on purpose (bad input, replica drift, an early stop,
-# no way to go on after a loss): not a lost rank.
+# no way to go on after a loss, a non-finite loss): not a lost rank.
 CANNOT_GO_ON = 5
-JOB_DECISIONS = (0, 2, 3, 4, CANNOT_GO_ON)
+JOB_DECISIONS = (0, 2, 3, 4, CANNOT_GO_ON, NONFINITE_EXIT)
 
 
 @dataclass

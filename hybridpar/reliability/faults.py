@@ -21,6 +21,9 @@ The variable holds faults separated by ``;``, each ``KIND:key=value:key=value``:
   be writing theirs: the save is never committed);
 - ``fail-in-save:rank=R:step=K``: rank R's write of its checkpoint file for step K fails with an
   OSError ("injected: no space left on device"), as a full disk would;
+- ``nan-in-step:rank=R:step=K[:micro=M]``: rank R's first model chunk puts out NaN in place of its
+  output for micro-batch M (default 1) of step K, as an overflow would: the NaN flows through the
+  pipeline and the TP collectives into the loss and the gradients (reliability/nonfinite.py);
 - ``flip:rank=R:step=K[:tensor=NAME][:byte=B][:bit=b]``: after step K, rank R flips one bit of
   one parameter in place (default: the first parameter, byte 0, bit 0), as silent data
   corruption would. Put the hook before the replica check so that step K's check sees it.
@@ -41,7 +44,8 @@ from dataclasses import dataclass, field
 from hybridpar.errors import UsageError
 
 ENV = "HYBRIDPAR_FAULT"
-KINDS = ("kill-in-step", "stall-in-step", "kill-after-step", "hold-for-rejoin", "kill-in-save", "fail-in-save", "flip")
+KINDS = ("kill-in-step", "stall-in-step", "kill-after-step", "hold-for-rejoin", "kill-in-save", "fail-in-save",
+         "nan-in-step", "flip")
 
 
 @dataclass(frozen=True)
@@ -139,6 +143,18 @@ class StallInStep(KillInStep):
         seconds = float(self.fault.options["seconds"])
         _announce(f"{where}: sleeping {seconds:g} s")
         time.sleep(seconds)
+
+
+class NanInStep(KillInStep):
+    """Turns the first chunk's output for micro-batch M of step K into NaN (once)."""
+
+    def _after_forward(self, module, inputs, output):
+        self.forwards += 1
+        micro = self.fault.int_option("micro", 1)
+        if self.step == self.fault.step and self.forwards == micro:
+            _announce(f"step {self.step}, micro-batch {micro}: NaN in place of the first chunk's output")
+            return output * float("nan")
+        return None
 
 
 class KillAfterStep:
@@ -241,7 +257,7 @@ class FlipBit:
         _announce(f"flipped bit {bit} of byte {byte} of {name} after step {metrics.step}")
 
 
-_HOOKS = {"kill-in-step": KillInStep, "stall-in-step": StallInStep, "kill-after-step": KillAfterStep, "hold-for-rejoin": HoldForRejoin, "kill-in-save": KillInSave, "fail-in-save": FailInSave, "flip": FlipBit}
+_HOOKS = {"kill-in-step": KillInStep, "stall-in-step": StallInStep, "kill-after-step": KillAfterStep, "hold-for-rejoin": HoldForRejoin, "kill-in-save": KillInSave, "fail-in-save": FailInSave, "nan-in-step": NanInStep, "flip": FlipBit}
 
 
 def hooks_from_env(environ=os.environ) -> list:

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 import torch.distributed as dist
 
 from hybridpar.files import write_atomic
+from hybridpar.reliability.nonfinite import check_step
 from hybridpar.reliability.run_dir import keep_steps_before
 from hybridpar.reliability.stopping import StopReason
 from hybridpar.runtime.job import Job, StepMetrics
@@ -144,6 +145,7 @@ def _one_step(job, step: int, run, hooks, stop, print_fn, metrics_path):
         if hasattr(hook, "on_step_begin"):
             hook.on_step_begin(job, step)
     m = job.train_step(step, stop, lambda: _all_written(hooks))
+    check_step(m)  # a non-finite loss or gradient norm ends the run before anything records the step
     for hook in hooks:
         if hasattr(hook, "after_step"):  # before the step is logged (replica_loss.Snapshots keeps its state)
             hook.after_step(job, m)

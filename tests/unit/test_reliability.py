@@ -94,3 +94,17 @@ def test_bad_reliability_input_is_one_line_exit_2(tmp_path, capsys, monkeypatch)
             assert code == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and expected in err[0], (argv, err)
+
+
+def test_a_non_finite_loss_or_gradient_norm_is_named_with_its_step():
+    from hybridpar.reliability.nonfinite import NonFiniteError, check_step
+    from hybridpar.runtime.job import StepMetrics
+
+    def metrics(loss, norm):
+        return StepMetrics(step=7, loss=loss, grad_norm=norm, lr=1e-3, step_time_s=1.0, tokens_per_s=1.0)
+
+    check_step(metrics(2.5, 1.0))
+    for loss, norm, said in ((float("nan"), 1.0, "the loss is nan"), (2.5, float("inf"), "the gradient norm is inf"),
+                             (float("-inf"), float("nan"), "the loss is -inf")):
+        with pytest.raises(NonFiniteError, match=f"step 7: {said} .*weights after step 7 are not saved"):
+            check_step(metrics(loss, norm))

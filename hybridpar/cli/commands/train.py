@@ -7,8 +7,8 @@ ranks with that file as their only input (``--run-plan``). Each rank trains unti
 or until the ranks agree to stop early (a signal, --stop-at-step, --exit-after), saves that
 step and leaves OUT/status.json saying how the run ended. Under a cluster launcher (torchrun,
 SLURM) every rank resolves the RunPlan itself and rank 0 claims the directory. Exit codes: 0
-every step trained, 2 bad input, 3 replicas drifted apart, 4 stopped on request, 128+N stopped
-by signal N.
+every step trained, 2 bad input, 3 replicas drifted apart, 4 stopped on request, 6 a non-finite
+loss or gradient norm, 128+N stopped by signal N.
 """
 from __future__ import annotations
 
@@ -220,6 +220,7 @@ def _run_rank(run, claimed: bool, launched: bool, overwrite: bool = False) -> in
     from hybridpar.observe.metrics import StepMonitor
     from hybridpar.launch.tolerant import CANNOT_GO_ON
     from hybridpar.reliability.replica_loss import ReplicaLossError, speaks
+    from hybridpar.reliability.nonfinite import EXIT_CODE as NONFINITE_EXIT, NonFiniteError
     from hybridpar.reliability.replicas import ReplicaDriftError
     from hybridpar.reliability.stopping import StopConditions
     from hybridpar.runtime.loop import run_hooks, train
@@ -255,6 +256,12 @@ def _run_rank(run, claimed: bool, launched: bool, overwrite: bool = False) -> in
         if rank0:
             print(f"hybridpar train: error: {err}", file=sys.stderr, flush=True)
         code = 3
+    except NonFiniteError as err:  # every rank sees the same loss and norm: one line, from rank 0
+        if rank0:
+            print(f"hybridpar train: error: {err}", file=sys.stderr, flush=True)
+            _write_status(run.out, {"status": "failed", "step": err.step, "reason": f"non-finite loss or gradient "
+                                    f"norm at step {err.step}", "exit_code": NONFINITE_EXIT})
+        code = NONFINITE_EXIT
     except UsageError as err:  # found after the ranks started (the run's claim): one line, from rank 0
         if rank0:
             print(f"hybridpar train: error: {err}", file=sys.stderr, flush=True)
@@ -276,7 +283,7 @@ def _run_rank(run, claimed: bool, launched: bool, overwrite: bool = False) -> in
             held.release()
     # A rank under a launcher ends a clean early stop with 0, so the agent reports no failed
     # ranks; the launcher (or a job script) reads the stop's code from status.json (_exit_code).
-    return 0 if launched and code not in (2, 3, CANNOT_GO_ON) else code
+    return 0 if launched and code not in (2, 3, CANNOT_GO_ON, NONFINITE_EXIT) else code
 
 
 def _claim_on_rank0(run, overwrite: bool):
