@@ -18,8 +18,6 @@ run would change, and with it every batch).
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
 BLOCK = 4096  # samples per block; each dataset's share is exact to 1/BLOCK in every block
 
 
@@ -45,6 +43,7 @@ class BlendedTokens:
         self.vocab_size, self.tokenizer = first.vocab_size, first.tokenizer
         self.counts = block_counts(self.weights)
         self.held_out = first.held_out
+        self._blocks: dict = {}  # the last few blocks' layouts (a batch spans one or two)
 
     def held_out_source(self) -> "BlendedTokens | None":
         """Each dataset's held-out part (IndexedTokens.held_out_source), mixed by the same weights."""
@@ -53,9 +52,10 @@ class BlendedTokens:
             return None
         return BlendedTokens(held, self.weights, self.seed)
 
-    @lru_cache(maxsize=4)
     def _block(self, block: int):
         """(dataset of each position in the block, its index among that dataset's samples in the block)."""
+        if block in self._blocks:
+            return self._blocks[block]
         import numpy
 
         labels = numpy.repeat(numpy.arange(len(self.counts)), self.counts)
@@ -63,6 +63,9 @@ class BlendedTokens:
         within = numpy.empty(BLOCK, dtype=numpy.int64)
         for k, count in enumerate(self.counts):
             within[labels == k] = numpy.arange(count)
+        if len(self._blocks) >= 4:
+            self._blocks.pop(next(iter(self._blocks)))
+        self._blocks[block] = labels, within
         return labels, within
 
     def origin(self, index: int) -> tuple[int, int]:
