@@ -68,6 +68,7 @@ def test_recompute_trains_like_no_recompute(runs, mode):
     assert len(got["losses"]) == STEPS
     assert max(abs(a - b) for a, b in zip(got["losses"], want["losses"])) <= TOL, (got["losses"], want["losses"])
     assert max(abs(a - b) / b for a, b in zip(got["grad_norms"], want["grad_norms"])) <= TOL
+    assert abs(got["eval_loss"] - want["eval_loss"]) <= TOL  # the held-out loss through the forward-only schedule
     a, b = torch.load(out / "none.pt"), torch.load(out / f"{mode}.pt")
     assert set(a) == set(b) and len(a) > 0
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)

@@ -66,7 +66,9 @@ def run_mode(cfg: dict, mode: str) -> tuple[dict, dict]:
     local = torch.tensor([counts["layer"], layers * per, counts["core_attention"], attns * per], dtype=torch.float64,
                          device=job.mesh.device)
     dist.all_reduce(local)
+    held_out_loss = job.evaluate(job.source.held_out_source(), 1)  # forward-only, after the calls were counted
     result = {
+        "eval_loss": held_out_loss,
         "losses": losses, "grad_norms": norms,
         "recompute_granularity": config.recompute_granularity, "recompute_method": config.recompute_method,
         "recompute_num_layers": config.recompute_num_layers, "recompute_modules": list(config.recompute_modules or []),
