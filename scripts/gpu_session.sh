@@ -10,7 +10,8 @@
 #  kernels     `hybridpar bench kernels`: the GPU's achievable matmul and attention fractions (a GPU file)
 #  attention   torch SDPA (FlashAttention) vs megatron's attention on the GPU, fp32 and bf16
 #  train_bf16  the main job's recipe on one GPU in bf16 (NCCL, DeepSpeed bf16 ZeRO-1): checkpoint saves
-#              through pinned host memory, the sample after the last step on rank 0's CPU
+#              through pinned host memory, the held-out loss, a CUDA profile of steps 5-6, the sample
+#              after the last step on rank 0's CPU
 #  init        `hybridpar bench init`: the 8B one-node recipe's weights drawn per shard on the GPU
 #  bench_gpu   `hybridpar bench gpu`: the ~1B model's tokens/s, TFLOP/s and MFU against the planner
 set -uo pipefail
@@ -57,7 +58,8 @@ step kernels 70 python3 -m hybridpar bench kernels --seconds 0.1 --soak 20 --out
 cp benchmarks/results/kernels.json "$WORK/" 2>/dev/null
 step attention 45 python3 tests/workers/attention_worker.py "$WORK/attention.json"
 step train_bf16 90 python3 -m hybridpar train --recipe recipes/default.yaml --nproc 1 --tp 1 --pp 1 --dp 1 --steps 20 \
-    --out "$WORK/train_bf16" --save-dir "$WORK/train_bf16/ckpt" --save-every 10 --no-progress
+    --out "$WORK/train_bf16" --save-dir "$WORK/train_bf16/ckpt" --save-every 10 --no-progress --eval-every 10 \
+    --profile-steps 5-6
 rm -rf "$WORK/train_bf16/ckpt"  # the checkpoint files are large; their saves are in the log
 step init 45 python3 -m hybridpar bench init --recipe recipes/llama3-8b-1node.yaml --gpus 8 --repeats 3
 cp benchmarks/results/init.json "$WORK/" 2>/dev/null
