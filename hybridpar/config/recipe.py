@@ -39,7 +39,7 @@ from hybridpar.topology.models import PRESETS, ModelSpec, ModelSpecError, load_m
 from hybridpar.topology.plan import RECOMPUTE_MODES, Plan
 from hybridpar.topology.spec_files import read_mapping
 
-from hybridpar.data.blend import BLOCK, block_counts
+from hybridpar.config.mixture import BLOCK, block_counts
 from hybridpar.config.optim import LR_DECAYS, WSD_DECAYS, OptimConfig, OptimizerSettings
 from hybridpar.errors import UsageError
 

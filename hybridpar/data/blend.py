@@ -11,25 +11,13 @@ repeating a sample until its epoch ends. Everything is a pure function of (seed,
 only on (seed, step), a resumed run continues at the exact next sample, and any rows are built
 without the others.
 
-Imports neither torch nor numpy at load: the recipe checks use ``block_counts`` before any rank starts.
 The shares are exact to 1/BLOCK over every block of BLOCK samples, whatever the run's length
 (megatron's BlendedDataset reaches them over the whole run's sample count, which a longer resumed
 run would change, and with it every batch).
 """
 from __future__ import annotations
 
-BLOCK = 4096  # samples per block; each dataset's share is exact to 1/BLOCK in every block
-
-
-def block_counts(weights: list[float], block: int = BLOCK) -> list[int]:
-    """Each dataset's samples in a block: weight share x block, by largest remainder (sums to block)."""
-    total = sum(weights)
-    exact = [w / total * block for w in weights]
-    counts = [int(e) for e in exact]
-    by_remainder = sorted(range(len(weights)), key=lambda k: (counts[k] - exact[k], k))
-    for k in by_remainder[: block - sum(counts)]:
-        counts[k] += 1
-    return counts
+from hybridpar.config.mixture import BLOCK, block_counts
 
 
 class BlendedTokens:
