@@ -148,6 +148,7 @@ CASES = [
     # data and report
     ("data-missing-input", "data prepare nofile.txt --out x/y", "nofile.txt"),
     ("data-info-missing", "data info nowhere/prefix", "nowhere/prefix"),
+    ("data-info-held-out-out-of-range", "data info good --held-out 1", "--held-out is a share of the sequences, above 0"),
     ("report-missing-run", "report nowhere", "nowhere"),
     ("report-out-under-a-file", "report arun --out binary.yaml/plots", "binary.yaml is a file"),
     ("report-metrics-file-as-run", "report arun/metrics.jsonl", "is a file: give the run directory"),

@@ -37,6 +37,12 @@ def test_prepare_embedded_corpus(tmp_path):
         f"{tmp_path / 'emb'}: 375814 tokens, 3 documents, tokenizer byte (vocab 257)",
         "unigram entropy 4.7757 bits = 3.3103 nats per token",
     ]
+    # the split the main job's data.held_out 0.34 gives: The Tempest (98,440 bytes and its end-of-document token)
+    result = hybridpar("data", "info", str(tmp_path / "emb"), "--held-out", "0.34")
+    assert result.stdout.splitlines()[-1] == ("data.held_out 0.34: trains on sequences 0-1 (277373 tokens), holds out "
+                                              "the last 1 (98441 tokens)"), result.stdout
+    result = hybridpar("data", "info", str(tmp_path / "emb"), "--held-out", "0.05")
+    assert result.stdout.splitlines()[-1] == "data.held_out 0.05: of 3 sequences it holds out none (one sequence is 0.333 of them)"
 
 
 def test_an_existing_dataset_is_replaced_only_with_overwrite(tmp_path):

@@ -28,6 +28,8 @@ def add_arguments(p):
     prep.add_argument("--overwrite", action="store_true", help="replace a dataset already prepared at PREFIX")
     info = sub.add_parser("info", help="documents, tokens and unigram entropy of a prepared PREFIX")
     info.add_argument("prefix", metavar="PREFIX", help="path prefix of PREFIX.bin/.idx")
+    info.add_argument("--held-out", type=float, metavar="SHARE",
+                      help="also show what a recipe's data.held_out SHARE keeps out of training (sequences, tokens)")
 
 
 def run(args) -> int:
@@ -42,13 +44,31 @@ def info(args) -> int:
 
     if not (os.path.isfile(args.prefix + ".bin") and os.path.isfile(args.prefix + ".idx")):
         raise UsageError(f"no {args.prefix}.bin/.idx: give the --out PREFIX of `hybridpar data prepare`")
+    if args.held_out is not None and not 0 < args.held_out < 1:
+        raise UsageError(f"--held-out is a share of the sequences, above 0 and below 1, got {args.held_out:g}")
     meta = read_meta(args.prefix)
     counts = token_counts(args.prefix)  # checks the .bin against the .idx first
     bits = entropy_bits(counts)
     print(f"{args.prefix}: {int(counts.sum())} tokens", end="")
     print(f", {meta.documents} documents, tokenizer {meta.tokenizer} (vocab {meta.vocab_size})" if meta else "")
     print(f"unigram entropy {bits:.4f} bits = {bits_to_nats(bits):.4f} nats per token")
+    if args.held_out is not None:
+        print(_held_out_line(args.prefix, args.held_out))
     return 0
+
+
+def _held_out_line(prefix: str, share: float) -> str:
+    """The split a recipe's ``data.held_out: share`` gives (hybridpar/data/held_out.py), in sequences and tokens."""
+    from hybridpar.data.held_out import split_counts
+    from hybridpar.data.index_check import sequence_lengths
+
+    lengths = [int(n) for n in sequence_lengths(prefix)]
+    train, held = split_counts(len(lengths), share)
+    if not held or not train:
+        return (f"data.held_out {share:g}: of {len(lengths)} sequences it {'holds out none' if not held else 'leaves none to train on'}"
+                f" (one sequence is {1 / len(lengths):.3g} of them)")
+    return (f"data.held_out {share:g}: trains on sequences 0-{train - 1} ({sum(lengths[:train])} tokens), holds out the "
+            f"last {held} ({sum(lengths[train:])} tokens)")
 
 
 def prepare_data(args) -> int:
