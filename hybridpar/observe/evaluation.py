@@ -4,11 +4,13 @@
 last step, before the step is logged, it runs ``Job.evaluate`` over global batches 1..``batches``
 of the source's held-out rows: megatron's schedule in forward-only mode, every replica on its
 rows, so the loss is the mean over the same held-out tokens at every evaluation and in every
-layout. The value goes into the step's metrics.jsonl record (``eval_loss``), its line and
-TensorBoard. A step after which the ranks agreed to stop early is not evaluated: the save that a
+layout. The value goes into the step's metrics.jsonl record (``eval_loss``, and ``eval_time_s``, which
+``step_time_s`` leaves out), its line and TensorBoard. A step after which the ranks agreed to stop early is not evaluated: the save that a
 signal asks for comes first.
 """
 from __future__ import annotations
+
+import time
 
 
 class EvalHook:
@@ -27,4 +29,6 @@ class EvalHook:
 
     def after_step(self, job, m) -> None:
         if self.due(m.step) and not m.stop:
+            start = time.perf_counter()
             m.eval_loss = job.evaluate(self.source, self.batches)
+            m.eval_time_s = time.perf_counter() - start

@@ -38,6 +38,7 @@ class StepMetrics:
     stop: int = 0  # the reason every rank agreed to stop after this step (stopping.py), 0: none
     saves_written: bool = False  # every rank's background checkpoint file is written (checkpoint/hook.py)
     eval_loss: float | None = None  # mean loss on the held-out batches after this step (observe/evaluation.py)
+    eval_time_s: float | None = None  # how long that evaluation took (not in step_time_s)
 
 
 def resolve_dtype(precision: str) -> torch.dtype:

@@ -38,7 +38,7 @@ def _append_line(path: str, record: dict) -> None:
 
 
 def format_step(m: StepMetrics, total: int) -> str:
-    held_out = f" | eval loss {m.eval_loss:.6f}" if m.eval_loss is not None else ""
+    held_out = f" | eval loss {m.eval_loss:.6f} ({m.eval_time_s:.2f} s)" if m.eval_loss is not None else ""
     return (
         f"step {m.step}/{total} | loss {m.loss:.6f}{held_out} | grad norm {m.grad_norm:.4f} | lr {m.lr:.3e} | "
         f"{m.step_time_s:.3f} s | {m.tokens_per_s:,.0f} tokens/s"
@@ -152,7 +152,7 @@ def _one_step(job, step: int, run, hooks, stop, print_fn, metrics_path):
     record, line = asdict(m), format_step(m, run.steps)
     record.pop("stop"), record.pop("saves_written")
     if record["eval_loss"] is None:
-        record.pop("eval_loss")
+        record.pop("eval_loss"), record.pop("eval_time_s")
     for hook in hooks:
         if hasattr(hook, "step_record"):  # extra metrics.jsonl keys and step-line text (metrics.StepMonitor)
             extra, text = hook.step_record(job, m)

@@ -91,5 +91,7 @@ def test_train_prints_and_saves_a_sample_of_the_trained_model(tmp_path):
     losses = [float(F.cross_entropy(reference.logits(b[:, :-1]).reshape(-1, plan.model.vocab), b[:, 1:].reshape(-1)))
               for b in (held.global_batch(1), held.global_batch(2))]
     assert records[2]["eval_loss"] == pytest.approx(sum(losses) / 2, abs=1e-5)
-    assert f"loss {records[2]['loss']:.6f} | eval loss {records[2]['eval_loss']:.6f} |" in run.stdout
+    assert f"loss {records[2]['loss']:.6f} | eval loss {records[2]['eval_loss']:.6f} ({records[2]['eval_time_s']:.2f} s) |" \
+        in run.stdout
+    assert 0 < records[2]["eval_time_s"] and "eval_time_s" not in records[1]
     assert "metrics: " in run.stdout and "GFLOP/s/rank" in run.stdout and "planner predicts " in run.stdout
