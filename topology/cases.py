@@ -30,7 +30,8 @@ CASES_PATH = DATA / "public_cases.json"
 # run's loss kernel was not megatron's unfused one: "vocab-parallel-fused" for NeMo 2's, "fused-16bit" for
 # MosaicML's), "attention_fraction"
 # (FlashAttention-2's rate on the run's GPU where the catalogue's is another kernel's: 0.35 on H100,
-# FlashAttention-3 paper), "reported_memory_gb" (the run's published peak), "sweep" (layouts of one
+# FlashAttention-3 paper), "tp_comm_overlap" (true where the run's recipe set up Transformer Engine's
+# userbuffers: NeMo's ub_tp_comm_overlap, megatron-core's --tp-comm-overlap), "reported_memory_gb" (the run's published peak), "sweep" (layouts of one
 # model on one cluster, ranked against each other) and "stack" (the software family that ran it,
 # case_stack); docs/planner.md gives their provenance.
 VALIDATION_PATH = DATA / "validation_runs.json"
@@ -104,7 +105,8 @@ def _profile(case: dict) -> Software:
         return replace(sw, rotary=case.get("rotary", sw.rotary), dropout=case.get("dropout", sw.dropout),
                        attention_kernel=case.get("attention_kernel", sw.attention_kernel),
                        cross_entropy=case.get("cross_entropy", sw.cross_entropy),
-                       attention_fraction=case.get("attention_fraction", sw.attention_fraction))
+                       attention_fraction=case.get("attention_fraction", sw.attention_fraction),
+                       tp_comm_overlap=case.get("tp_comm_overlap", sw.tp_comm_overlap))
     if case["id"].startswith("llama3"):
         # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2, as megatron-core's
         # profile); FlashAttention-2 on H100 reaches "only 35% utilization" (FlashAttention-3 paper,
@@ -118,6 +120,22 @@ def _profile(case: dict) -> Software:
     return MEGATRON_2021
 
 
+# Where a run does not publish its micro-batch, the planner costs these and keeps the fastest that fits.
+UNPUBLISHED_MICRO_BATCHES = (1, 2)
+UNPUBLISHED_VPPS = (1, 2, 4, 8)
+
+
+def _virtual_stage_choices(layers: int, pp: int) -> list[int]:
+    """Virtual stages per pipeline rank an unpublished VPP may be: 1, 2, 4 or 8 (Plan.violations drops
+    the ones the layout cannot take); where each rank's layers split into none of those, as 7 per rank,
+    every count that splits them evenly (Megatron's --num-layers-per-virtual-pipeline-stage), so a
+    pipelined run is not costed without the interleaving its layer count allows."""
+    per_rank = layers // pp if pp > 1 and layers % pp == 0 else 0
+    if not per_rank or any(per_rank % v == 0 for v in UNPUBLISHED_VPPS[1:]):
+        return list(UNPUBLISHED_VPPS)
+    return [1] + [v for v in range(2, per_rank + 1) if per_rank % v == 0]
+
+
 def case_plans(case: dict) -> list[Plan]:
     modern = _modern(case)
     # GPT in Megatron-LM 2021 and BLOOM share the input embedding with the output layer
@@ -125,8 +143,8 @@ def case_plans(case: dict) -> list[Plan]:
     m = ModelSpec(case["layers"], case["hidden"], case["ffn_hidden"], case["heads"], case["kv_heads"],
                   case["vocab"], case["mlp"], case["id"], tied_embeddings=case.get("tied_embeddings", not modern))
     out = []
-    for mb in [case["micro_batch"]] if case["micro_batch"] else [1, 2]:
-        for v in [case["vpp"]] if case["vpp"] else [1, 2, 4, 8]:
+    for mb in [case["micro_batch"]] if case["micro_batch"] else UNPUBLISHED_MICRO_BATCHES:
+        for v in [case["vpp"]] if case["vpp"] else _virtual_stage_choices(case["layers"], case["pp"]):
             plan = Plan(m, case["seq_len"], case["global_batch_seqs"], tp=case["tp"], cp=case["cp"],
                         pp=case["pp"], dp=case["dp"], vpp=v, micro_batch=mb, zero_stage=case["zero_stage"],
                         recompute=case["recompute"] or "none", sequence_parallel=modern and case["tp"] > 1,

@@ -76,6 +76,33 @@ def _hidden(comm: float, gemm: float, sw: Software, gpu: GPU, nodes: int) -> flo
     return _with_contention(comm, max(0.0, comm - gemm), gpu, nodes)
 
 
+# Transformer Engine's userbuffers (Software.tp_comm_overlap), as NeMo's recipes configure them
+# (NVIDIA/dgxc-benchmarking v24.11.1 llama3.1/llama3.1_70b.yaml, ub_tp_comm_overlap_cfg) [S]: the
+# all-gathers before the QKV and fc1 GEMMs and before the proj and fc2 input-gradient GEMMs are
+# `ring_exchange`: tp steps, each multiplying the chunk of tokens at hand while the next arrives over
+# NVLink by copy engine (num_sm 1: no SMs taken); the reduce-scatters after the proj and fc2 GEMMs are
+# `pipeline`: the GEMM in UB_RS_SPLITS chunks on the SMs the reduce-scatter leaves (set_sm_margin 1), each
+# chunk's reduce-scatter beside the next chunk's GEMM, the last one after it. The weight-gradient
+# re-gather and the input-gradient reduce-scatter (`bulk`) overlap whole GEMMs as megatron-core's async
+# collectives do (_hidden).
+UB_RS_SPLITS = 4
+UB_RS_SMS = {"proj": 24, "fc2": 16}
+
+
+def ub_ring_exchange(gather_s: float, chunk_gemm_s: float, tp: int) -> float:
+    """Seconds of an all-gather of ``gather_s`` fed chunk by chunk into a GEMM of ``chunk_gemm_s`` per
+    chunk of 1/tp of the tokens: tp - 1 exchange steps, each beside one chunk's GEMM, then the last
+    chunk's GEMM."""
+    return (tp - 1) * max(chunk_gemm_s, gather_s / (tp - 1)) + chunk_gemm_s
+
+
+def ub_pipeline(scatter_s: float, chunk_gemm_s: float) -> float:
+    """Seconds of a GEMM in UB_RS_SPLITS chunks of ``chunk_gemm_s`` (on the SMs the reduce-scatter
+    leaves) whose output is reduce-scattered, ``scatter_s`` in all, chunk by chunk behind it."""
+    step = scatter_s / UB_RS_SPLITS
+    return chunk_gemm_s + (UB_RS_SPLITS - 1) * max(chunk_gemm_s, step) + step
+
+
 @lru_cache(maxsize=None)
 def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: int, cp: int,
                sp: bool, recompute: str, sw: Software, gpus_per_node: int) -> LayerTime:
@@ -88,11 +115,13 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     fwd = bwd = 0.0
     up = f * (2 if m.mlp == "swiglu" else 1)
     column = []  # (input-gradient, weight-gradient) GEMM times of the column-parallel QKV and fc1
+    gemms = []  # (k, n, forward, input-gradient) of QKV, proj, fc1, fc2
     for i, (k_dim, n_dim) in enumerate(((h, (h + 2 * kv) // tp), (h // tp, h), (h, up // tp), (f // tp, h))):
         gf = gemm_time(tokens, k_dim, n_dim, gpu, peak, 1, in_bytes)
         dgrad = gemm_time(tokens, n_dim, k_dim, gpu, peak, 1, in_bytes)
         wgrad = gemm_time(k_dim, tokens, n_dim, gpu, peak, 1, in_bytes)
         fwd, bwd = fwd + gf, bwd + dgrad + wgrad
+        gemms.append((k_dim, n_dim, gf, dgrad))
         if i in (0, 2):
             column.append((dgrad, wgrad))
     heads = m.heads // tp
@@ -143,11 +172,15 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         #     the input-gradient reduce-scatter (2 ar): 5 ar per layer, not 4.
         # Exposure: see software.Software.tp_bwd_overlap. Full recomputation repeats the forward's 2.
         ar = _tp_allreduce_equivalent(tokens * h * 2, gpu, tp, sp, gpus_per_node)
-        tp_t = (2 + (2 if recompute == "full" else 0)) * ar
         nodes = group_nodes(tp, tp, gpus_per_node)
+        if sw.tp_comm_overlap and sp and nodes == 1:
+            fwd_tp, row_grad_gathers = _userbuffers(gemms, tokens, h * 2, gpu, peak, in_bytes, tp)
+        else:
+            fwd_tp, row_grad_gathers = 2 * ar, ar if sp else 0.0
+        tp_t = (2 if recompute == "full" else 1) * fwd_tp + row_grad_gathers
         for dgrad, wgrad in column:
             if sp:
-                tp_t += ar / 2 + _hidden(ar / 2, dgrad, sw, gpu, nodes) + _hidden(ar / 2, wgrad, sw, gpu, nodes)
+                tp_t += _hidden(ar / 2, dgrad, sw, gpu, nodes) + _hidden(ar / 2, wgrad, sw, gpu, nodes)
             else:
                 tp_t += _hidden(ar, wgrad, sw, gpu, nodes)
     cp_t = 0.0
@@ -161,6 +194,30 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         cp_t = ((exchanges - 1) * collective_time("all-gather", kv_bytes, cp, cp_nodes, cp_bw, gpu)
                 + collective_time("reduce-scatter", kv_bytes, cp, cp_nodes, cp_bw, gpu))
     return LayerTime(fwd, bwd, tp_t, cp_t)
+
+
+def _userbuffers(gemms: list, tokens: int, token_bytes: int, gpu: GPU, peak: float, in_bytes: int,
+                 tp: int) -> tuple[float, float]:
+    """Seconds the sequence-parallel TP collectives add beyond their GEMMs under Transformer Engine's
+    userbuffers (UB_RS_SPLITS): the forward pass's (QKV and fc1 gathers, proj and fc2 reduce-scatters)
+    and the backward's output-gradient gathers before the proj and fc2 input-gradient GEMMs."""
+    (qkv_k, qkv_n, qkv, _), (proj_k, proj_n, proj, proj_dgrad), (fc1_k, fc1_n, fc1, _), (fc2_k, fc2_n, fc2, fc2_dgrad) = gemms
+    gather = collective_time("all-gather", tokens * token_bytes, tp, 1, gpu.nvlink_gbps, gpu)
+    scatter = collective_time("reduce-scatter", tokens * token_bytes, tp, 1, gpu.nvlink_gbps, gpu)
+    chunk = -(-tokens // tp)
+
+    def gathered(k: int, n: int, whole: float) -> float:
+        return ub_ring_exchange(gather, gemm_time(chunk, k, n, gpu, peak, 1, in_bytes), tp) - whole
+
+    def scattered(k: int, n: int, whole: float, sms: int) -> float:
+        rest = replace(gpu, sms=gpu.sms - sms)
+        part = gemm_time(-(-tokens // UB_RS_SPLITS), k, n, rest, peak, 1, in_bytes)
+        return ub_pipeline(scatter, part) - whole
+
+    forward = (gathered(qkv_k, qkv_n, qkv) + scattered(proj_k, proj_n, proj, UB_RS_SMS["proj"])
+               + gathered(fc1_k, fc1_n, fc1) + scattered(fc2_k, fc2_n, fc2, UB_RS_SMS["fc2"]))
+    backward = gathered(proj_n, proj_k, proj_dgrad) + gathered(fc2_n, fc2_k, fc2_dgrad)
+    return forward, backward
 
 
 @lru_cache(maxsize=None)

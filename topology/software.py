@@ -202,8 +202,13 @@ class Software:
     # Rank order: DP varies faster than PP (Megatron-LM's and DeepSpeed's layouts, see
     # links.dp_ranks_per_node), or DP outermost (hybridpar's mesh; Llama 3's [TP, CP, PP, DP]).
     dp_inside_pp: bool = False
-    # Forward TP collectives are never overlapped: megatron-core runs them synchronously unless
-    # Transformer Engine's userbuffers are set up, which hybridpar does not do.
+    # Transformer Engine's userbuffers (megatron-core --tp-comm-overlap, NeMo's ub_tp_comm_overlap) overlap
+    # the sequence-parallel TP collectives that megatron-core otherwise runs synchronously: the forward
+    # all-gathers and the backward output-gradient all-gathers are exchanged chunk by chunk beside the
+    # GEMM they feed, the forward reduce-scatters pipelined behind the GEMM that produces them
+    # (cost.UB_RS_SPLITS, cost.UB_RS_SMS). False: megatron-core's default, and hybridpar's runtime, which
+    # does not set userbuffers up.
+    tp_comm_overlap: bool = False
 
 
 # hybridpar's runtime: megatron-core's layers and schedules, DeepSpeed ZeRO on the DP axis. The

@@ -72,6 +72,9 @@ CASES = [
     ("plan-contradictory-batch", "plan --model llama3-8b --gpus 8 --global-batch 8 --global-batch-tokens 100", "not allowed"),
     ("plan-headroom-out-of-range", "plan --model llama3-8b --gpus 8 --headroom 100", "--headroom"),
     ("plan-pins-not-world", "plan --model llama3-8b --gpus 8 --tp 2 --pp 2 --dp 4 --cp 1", "but --gpus is 8"),
+    ("plan-tp-comm-overlap-on-hybridpar", "plan --model llama3-8b --gpus 8 --tp-comm-overlap", "userbuffers"),
+    ("plan-tp-comm-overlap-without-sp", "plan --model llama3-8b --gpus 8 --tp-comm-overlap --software megatron-lm-2021",
+     "does not have"),
     # mesh
     ("mesh-zero-size", "mesh --tp 0", "positive"),
     ("mesh-partial-node", "mesh --tp 3 --dp 3", "not a multiple"),

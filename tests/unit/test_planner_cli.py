@@ -423,6 +423,28 @@ def test_cross_entropy_flag_costs_the_loss_kernel_it_names(tmp_path, capsys):
                                                                                          abs=0.02)
 
 
+def test_tp_comm_overlap_flag_costs_the_plan_with_userbuffers(capsys):
+    """--tp-comm-overlap: the same pinned layout (Llama 3 70B, TP4 PP4 CP2 as NeMo's recipe) costs what step_cost
+    gives under megatron-core with userbuffers, less exposed TP time than without, the same compute and memory."""
+    from dataclasses import replace
+
+    from hybridpar.topology.cost import step_cost
+    from hybridpar.topology.models import PRESETS
+    from hybridpar.topology.plan import Plan
+    from hybridpar.topology.software import MEGATRON_CORE
+
+    argv = ["--model", "llama3-70b", "--gpus", "64", "--global-batch", "128", "--tp", "4", "--pp", "4", "--cp", "2",
+            "--dp", "2", "--vpp", "5", "--micro-batch", "1", "--zero", "1", "--recompute", "none",
+            "--software", "megatron-core", "--json"]
+    plain = json.loads(run(argv, capsys)[1])["plans"][0]
+    over = json.loads(run([*argv, "--tp-comm-overlap"], capsys)[1])["plans"][0]
+    plan = Plan(PRESETS["llama3-70b"], 8192, 128, tp=4, cp=2, pp=4, dp=2, vpp=5, micro_batch=1, zero_stage=1,
+                recompute="none", sequence_parallel=True)
+    assert over["step_time_s"] == pytest.approx(step_cost(plan, replace(MEGATRON_CORE, tp_comm_overlap=True)).step_time_s,
+                                                rel=1e-4)
+    assert over["step_time_s"] < plain["step_time_s"] and over["memory_gib"] == plain["memory_gib"]
+
+
 def test_attention_kernel_flag_costs_the_plan_with_that_kernel(capsys):
     """--attention-kernel triton plans for FlashAttention in Triton: the same pinned layout costs what
     step_cost gives under the software with that kernel, longer than with FlashAttention-2."""

@@ -1,7 +1,8 @@
 """Out-of-sample check: published runs the planner was not built on (topology/data/validation_runs.json:
 NVIDIA DGX Cloud benchmark recipes on H100, BigScience's two sweeps of layouts of one 181B model on
-384 A100s (19 layouts on 02-25, 3 of which ran out of memory; 7 micro-batch sizes of two layouts on 02-21), and MosaicML's MPT benchmarks under PyTorch FSDP on A100 and
-H100), each evaluated with its published layout through topology.cases. Timed runs predict MFU within
+384 A100s (19 layouts on 02-25, 3 of which ran out of memory; 7 micro-batch sizes of two layouts on 02-21), MosaicML's MPT
+benchmarks under PyTorch FSDP on A100 and H100, and Megatron-Core 0.8's weak-scaling table of nine GPT models on up to
+6,144 H100s), each evaluated with its published layout through topology.cases. Timed runs predict MFU within
 15% (relative, the tolerance the public cases get in test_planner_cases.py) of the reported
 throughput converted to model-FLOPs MFU; memory verdicts match what happened; the sweep's layouts
 rank as measured. Misses are xfail(strict) with the reason, as in test_planner_cases.py;
@@ -49,6 +50,14 @@ KNOWN_MISSES.update({run_id: _FSDP for run_id in (
     "mosaic-mpt125m-a100-40gb-128",
     "mosaic-mpt1b-h100-80gb-64",
 )})
+KNOWN_MISSES["mcore08-gpt-1.7b-48"] = (
+    "predicted high by 23%: the smallest model of Megatron-Core 0.8's weak-scaling table (hidden 2,048, TP1), where "
+    "the planner leans high on every stack (hidden/TP <= 2048; MosaicML's 125M-1B +10 to +25%); docs/planner.md, "
+    "what is missing")
+KNOWN_MISSES["mcore08-gpt-32b-384"] = (
+    "predicted low by 23%: TP8 PP1 DP48 with 2 micro-batches per step, where the planner exposes 0.35 s of the "
+    "fp32 gradient reduce-scatter over 48 nodes beyond the one backward it can hide behind; the table does not "
+    "publish the micro-batch or what else the run overlapped; docs/planner.md, what is missing")
 # Memory verdicts that do not match what happened, with what the memory model lacks for them.
 KNOWN_WRONG_MEMORY: dict[str, str] = {}  # none: every verdict matches what happened
 
@@ -104,14 +113,14 @@ def test_issue_goal_median_error_within_10_percent():
     assert validation.summary().median_abs_error <= 0.10
 
 
-@pytest.mark.xfail(strict=True, reason="bias +7.8% over 106 runs: the FSDP rows (MosaicML, costed with "
+@pytest.mark.xfail(strict=True, reason="bias +7.5% over 115 runs: the FSDP rows (MosaicML, costed with "
                                        "the pytorch-fsdp profiles) lean +10% and the A100 rows of the 2021-22 stacks +11% (docs/planner.md, "
                                        "what is missing)")
 def test_issue_goal_bias_within_5_percent():
     assert abs(validation.summary().signed_bias) <= 0.05
 
 
-@pytest.mark.xfail(strict=True, reason="the A100 rows lean +10.8% (80GB) and +10.6% (40GB): the 2021-22 stacks "
+@pytest.mark.xfail(strict=True, reason="the A100 rows lean +10.8% (80GB) and +11.4% (40GB): the 2021-22 stacks "
                                        "(Narayanan et al., BLOOM and its sweep: the sweep's TP=8 rows predicted fast "
                                        "inside a node) and the FSDP rows (docs/planner.md, what is missing)")
 def test_each_gpu_alone_meets_the_bias_goal():

@@ -75,6 +75,10 @@ def add_arguments(p):
                    "loss in fp32, 6 bytes per logit at its peak; vocab-parallel-fused: the same under megatron-core's "
                    "cross_entropy_loss_fusion, as NeMo 2 runs it; fused-16bit: flash-attn's fused xentropy, as "
                    "MosaicML's llm-foundry ran it, 4)")
+    p.add_argument("--tp-comm-overlap", action="store_true",
+                   help="cost the plan for a run that overlaps the sequence-parallel TP collectives with the GEMMs "
+                   "through Transformer Engine's userbuffers (megatron-core --tp-comm-overlap, NeMo's "
+                   "ub_tp_comm_overlap); TP inside a node")
     p.add_argument("--headroom", type=float, default=0.0, metavar="PERCENT",
                    help="share of each GPU's memory a plan must leave free, in percent (default 0; recipes use 10)")
     p.add_argument("--tolerate-replica-loss", action="store_true",
@@ -141,6 +145,15 @@ def build_request(args) -> tuple[Request, int]:
         software = replace(software, attention_kernel=args.attention_kernel)
     if getattr(args, "cross_entropy", None):
         software = replace(software, cross_entropy=args.cross_entropy)
+    if getattr(args, "tp_comm_overlap", False):
+        if software.name == "hybridpar":
+            raise UsageError("--tp-comm-overlap: hybridpar's runtime does not set up Transformer Engine's userbuffers; "
+                             "plan for the stack that does with --software megatron-core (or a NeMo profile)")
+        if not (software.sequence_parallel and software.flash_attention):
+            raise UsageError(f"--tp-comm-overlap overlaps the sequence-parallel TP collectives of Transformer Engine's "
+                             f"layers, which --software {software.name} does not have; drop the flag or use "
+                             f"--software megatron-core")
+        software = replace(software, tp_comm_overlap=True)
     if software.name == "deepspeed-pipe-bf16" and args.precision != "bf16":
         raise UsageError(f"--software deepspeed-pipe-bf16 models DeepSpeed's BF16_Optimizer; use --precision bf16, "
                          f"not {args.precision}")
