@@ -90,7 +90,8 @@ def gemm_time(m: int, k: int, n: int, gpu: GPU, peak: float, batch: int = 1, in_
     for tm, tn in TILES:
         for a, b in ((tm, tn), (tn, tm)):
             tiles = batch * ceil(m / a) * ceil(n / b)
-            for split in range(1, max(1, min(gpu.sms // tiles, k // SPLIT_K_MIN)) + 1):
+            most = max(1, min(gpu.sms // tiles, k // SPLIT_K_MIN))
+            for split in {1, most} | {2 ** i for i in range(1, most.bit_length())}:
                 ctas = tiles * split
                 used = _tile_rate(a, b) * batch * m * n * split / (ceil(ctas / gpu.sms) * gpu.sms * a * b)
                 compute = 2.0 * batch * m * k * n / (rate * used * k_efficiency(ceil(k / split)))
