@@ -210,7 +210,7 @@ def _userbuffers(gemms: list, tokens: int, token_bytes: int, gpu: GPU, peak: flo
         return ub_ring_exchange(gather, gemm_time(chunk, k, n, gpu, peak, 1, in_bytes), tp) - whole
 
     def scattered(k: int, n: int, whole: float, sms: int) -> float:
-        rest = replace(gpu, sms=gpu.sms - sms)
+        rest = replace(gpu, sms=max(1, gpu.sms - sms))  # a GPU file may describe a GPU with fewer SMs
         part = gemm_time(-(-tokens // UB_RS_SPLITS), k, n, rest, peak, 1, in_bytes)
         return ub_pipeline(scatter, part) - whole
 
