@@ -84,9 +84,18 @@ def _hidden(comm: float, gemm: float, sw: Software, gpu: GPU, nodes: int) -> flo
 # `pipeline`: the GEMM in UB_RS_SPLITS chunks on the SMs the reduce-scatter leaves (set_sm_margin 1), each
 # chunk's reduce-scatter beside the next chunk's GEMM, the last one after it. The weight-gradient
 # re-gather and the input-gradient reduce-scatter (`bulk`) overlap whole GEMMs as megatron-core's async
-# collectives do (_hidden).
+# collectives do, on the SMs UB_BULK_SMS gives them rather than NCCL's channels.
 UB_RS_SPLITS = 4
 UB_RS_SMS = {"proj": 24, "fc2": 16}
+# `bulk`: the input re-gather beside the input-gradient GEMM and the input-gradient reduce-scatter beside the
+# weight-gradient GEMM, on num_sm SMs each (qkv_dgrad 4, qkv_wgrad 24, fc1_dgrad 2, fc1_wgrad 4).
+UB_BULK_SMS = {"qkv": (4, 24), "fc1": (2, 4)}
+
+
+def _bulk(comm: float, gemm: float, sm_share: float) -> float:
+    """A collective of ``comm`` seconds beside a GEMM of ``gemm``: what outlasts the GEMM, and the GEMM's
+    loss to the ``sm_share`` of the SMs the collective holds meanwhile."""
+    return max(0.0, comm - gemm) + min(comm, gemm) * sm_share
 
 
 def ub_ring_exchange(gather_s: float, chunk_gemm_s: float, tp: int) -> float:
@@ -173,13 +182,18 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         # Exposure: see software.Software.tp_bwd_overlap. Full recomputation repeats the forward's 2.
         ar = _tp_allreduce_equivalent(tokens * h * 2, gpu, tp, sp, gpus_per_node)
         nodes = group_nodes(tp, tp, gpus_per_node)
-        if sw.tp_comm_overlap and sp and nodes == 1:
+        userbuffers = sw.tp_comm_overlap and sp and nodes == 1
+        if userbuffers:
             fwd_tp, row_grad_gathers = _userbuffers(gemms, tokens, h * 2, gpu, peak, in_bytes, tp)
         else:
             fwd_tp, row_grad_gathers = 2 * ar, ar if sp else 0.0
         tp_t = (2 if recompute == "full" else 1) * fwd_tp + row_grad_gathers
-        for dgrad, wgrad in column:
-            if sp:
+        for name, (dgrad, wgrad) in zip(("qkv", "fc1"), column):
+            if userbuffers:  # bulk overlaps on the SMs userbuffers' configuration gives them
+                gather_sms, scatter_sms = UB_BULK_SMS[name]
+                tp_t += (_bulk(ar / 2, dgrad, gather_sms / gpu.sms)
+                         + _bulk(ar / 2, wgrad, scatter_sms / gpu.sms))
+            elif sp:
                 tp_t += _hidden(ar / 2, dgrad, sw, gpu, nodes) + _hidden(ar / 2, wgrad, sw, gpu, nodes)
             else:
                 tp_t += _hidden(ar, wgrad, sw, gpu, nodes)
