@@ -7,6 +7,11 @@ GPU of the node in a group at once, as tensor-parallel groups run. It shows what
 NVLink does not: groups of 2 and 4 reach far less than 8 do (at 256 MiB, 227 and 284 GB/s of all-reduce
 bus bandwidth against 372), and mid-size messages less than large ones.
 
+On A100 one measurement (topology/data/nccl_nvlink_a100.json): nccl-tests' all-reduce over the 8 GPUs of one
+A100-SXM4-40GB NVSwitch node (an Oracle Cloud tutorial, BM.GPU4.8), 64 B to 8 GiB. It reaches 197-223 GB/s of
+bus bandwidth from 64 MiB to 512 MiB and 235 at 8 GiB, where the ring model at 80% of NVLink gives 240 and
+more for mid sizes; groups of 2 and 4 and the other operations keep the model.
+
 Bytes follow nccl-tests' convention: each rank's buffer for all-reduce, the gathered output for
 all-gather, the input before scattering for reduce-scatter. Between measured sizes the time is
 interpolated in log-log; below the smallest it is the smallest's; above the largest it grows at the
@@ -24,7 +29,7 @@ from pathlib import Path
 
 DATA = Path(__file__).resolve().parent / "data"
 # Tables by name (hardware.GPU.nvlink_collectives names one): the node they were measured on.
-TABLES = {"h100-nvlink4": DATA / "nccl_nvlink_sm90.json"}
+TABLES = {"h100-nvlink4": DATA / "nccl_nvlink_sm90.json", "a100-nvlink3": DATA / "nccl_nvlink_a100.json"}
 
 
 @lru_cache(maxsize=None)

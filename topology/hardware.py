@@ -80,9 +80,11 @@ class GPU:
 # an upper bound for a busy node. FlashAttention-2 on A100:
 # 50-73% of peak forward, lower backward (Dao 2023, abstract) [S]: 0.55 fwd+bwd assumed. Host link:
 # PCIe Gen4 x16, 64 GB/s bidirectional = 32 per direction (A100 datasheet) [S].
+# All-reduce inside a node over all 8 GPUs: nccl-tests on one 8 x A100-SXM4-40GB NVSwitch node
+# (topology/collectives.py) [S]; other groups and operations keep the model.
 _A100 = dict(bf16_tflops=312.0, fp8_tflops=None, nvlink_gbps=300.0, network_gbps=25.0,
              gpus_per_node=8, sms=108, gemm_fraction=0.859, attention_fraction=0.55, host_link_gbps=32.0,
-             sustained_clock=round(257 / 267.9, 3))
+             sustained_clock=round(257 / 267.9, 3), nvlink_collectives="a100-nvlink3")
 
 # H100 SXM: 989 dense bf16, 1979 dense fp8; 80 GB HBM3 at 3.35 TB/s; NVLink 4 900 GB/s per GPU
 # bidirectional; 8 x 400 Gb/s compute NICs per node = 50 GB/s per GPU (NVIDIA dgxc-benchmarking
