@@ -31,9 +31,9 @@ CASES_PATH = DATA / "public_cases.json"
 # MosaicML's), "attention_fraction"
 # (FlashAttention-2's rate on the run's GPU where the catalogue's is another kernel's: 0.35 on H100,
 # FlashAttention-3 paper), "tp_comm_overlap" (true where the run's recipe set up Transformer Engine's
-# userbuffers: NeMo's ub_tp_comm_overlap, megatron-core's --tp-comm-overlap), "reported_memory_gb" (the run's published peak), "sweep" (layouts of one
-# model on one cluster, ranked against each other) and "stack" (the software family that ran it,
-# case_stack); docs/planner.md gives their provenance.
+# userbuffers: NeMo's ub_tp_comm_overlap, megatron-core's --tp-comm-overlap), "reported_memory_gb" (the
+# run's published peak), "sweep" (layouts of one model on one cluster, ranked against each other) and
+# "stack" (the software family that ran it, case_stack); docs/planner.md gives their provenance.
 VALIDATION_PATH = DATA / "validation_runs.json"
 
 

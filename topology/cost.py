@@ -215,7 +215,8 @@ def _userbuffers(gemms: list, tokens: int, token_bytes: int, gpu: GPU, peak: flo
     """Seconds the sequence-parallel TP collectives add beyond their GEMMs under Transformer Engine's
     userbuffers (UB_RS_SPLITS): the forward pass's (QKV and fc1 gathers, proj and fc2 reduce-scatters)
     and the backward's output-gradient gathers before the proj and fc2 input-gradient GEMMs."""
-    (qkv_k, qkv_n, qkv, _), (proj_k, proj_n, proj, proj_dgrad), (fc1_k, fc1_n, fc1, _), (fc2_k, fc2_n, fc2, fc2_dgrad) = gemms
+    (qkv_k, qkv_n, qkv, _), (proj_k, proj_n, proj, proj_dgrad) = gemms[:2]
+    (fc1_k, fc1_n, fc1, _), (fc2_k, fc2_n, fc2, fc2_dgrad) = gemms[2:]
     gather = collective_time("all-gather", tokens * token_bytes, tp, 1, gpu.nvlink_gbps, gpu)
     scatter = collective_time("reduce-scatter", tokens * token_bytes, tp, 1, gpu.nvlink_gbps, gpu)
     chunk = -(-tokens // tp)
