@@ -73,6 +73,19 @@ def test_runs_have_sources_and_none_is_a_public_case():
         assert not {r["id"] for r in RUNS} & {c["id"] for c in load_cases()}
 
 
+def test_userbuffers_only_where_a_run_could_have_them():
+    """tp_comm_overlap marks runs whose recipe set up Transformer Engine's userbuffers: every NeMo run with TP > 1
+    and Megatron-Core 0.8's table; each has TP > 1 inside a node and a stack with sequence parallelism and TE."""
+    from hybridpar.topology.software import PROFILES
+
+    marked = [r for r in RUNS if r.get("tp_comm_overlap")]
+    assert {r["id"] for r in marked} == {r["id"] for r in RUNS
+                                         if (r["id"].startswith("nemo") or r["id"].startswith("mcore08")) and r["tp"] > 1}
+    for r in marked:
+        profile = PROFILES[r["software"]]
+        assert 1 < r["tp"] <= 8 and profile.sequence_parallel and profile.flash_attention, r["id"]
+
+
 @pytest.mark.parametrize("run", TIMED, ids=[r["id"] for r in TIMED])
 def test_reported_mfu_matches_reported_step_time(run):
     """model_flops_mfu is the published step time restated in the planner's FLOP convention."""
