@@ -6,6 +6,8 @@ launches local ranks, or on rank 0 under a cluster launcher), and holds until th
   into a save directory that already holds checkpoints, is refused in one line naming
   ``--resume auto`` and ``--overwrite``; ``--overwrite`` first deletes what hybridpar wrote there
   (metrics.jsonl, plan.json, sample.txt, profile/rank-*-steps-*.json, step-*/ and latest), nothing else;
+- a status.json in the run directory that hybridpar did not write (not its JSON object whose "status" is
+  one of STATUSES) is never replaced: the run is refused, with or without ``--overwrite``;
 - each directory is locked (``flock`` on ``.hybridpar.lock``) for the run's lifetime: a second
   run on the same directory is refused, naming the holder; the kernel drops the lock when the
   holding process dies, however it dies, so a dead run never holds it.
@@ -27,6 +29,9 @@ from hybridpar.observe.profile import traces_in
 
 LOCK_NAME = ".hybridpar.lock"
 RUN_FILES = ("metrics.jsonl", "plan.json", "sample.txt")
+# How a run ended (hybridpar/cli/commands/train.py writes it, and replaces it on every run into the directory).
+STATUS_FILE = "status.json"
+STATUSES = ("running", "finished", "stopped", "failed")
 
 
 @dataclass(frozen=True)
@@ -49,11 +54,24 @@ def _checkpoints_in(save_dir: str) -> list[str]:
 
 def previous_run(dirs: RunDirs) -> list[str]:
     """What an earlier run left that a fresh run would overwrite or mix with."""
-    found = [os.path.join(dirs.out, n) for n in RUN_FILES[:2] if os.path.isfile(os.path.join(dirs.out, n))]
+    found = [os.path.join(dirs.out, n) for n in RUN_FILES if os.path.isfile(os.path.join(dirs.out, n))]
     found += traces_in(dirs.out)
     if dirs.save_dir:
         found += [os.path.join(dirs.save_dir, n) for n in _checkpoints_in(dirs.save_dir)]
     return found
+
+
+def foreign_status(out: str) -> str | None:
+    """OUT/status.json where one exists that hybridpar did not write, else None."""
+    path = os.path.join(out, STATUS_FILE)
+    if not os.path.lexists(path):
+        return None
+    try:
+        with open(path) as f:
+            status = json.load(f)
+    except (OSError, ValueError):
+        return path
+    return None if isinstance(status, dict) and status.get("status") in STATUSES else path
 
 
 def _holders(dirs: RunDirs, found: list[str]) -> list[str]:
@@ -128,6 +146,10 @@ def claim(dirs: RunDirs, resuming: bool, overwrite: bool) -> RunClaim:
     try:
         for directory in dirs.all():
             held._files.append(_lock(directory))
+        foreign = foreign_status(dirs.out)
+        if foreign:
+            raise UsageError(f"{foreign} is not a status hybridpar wrote, and a run writes its own there; move it "
+                             f"away or give this run another --out")
         if not resuming:
             found = previous_run(dirs)
             if found and not overwrite:

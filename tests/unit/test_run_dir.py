@@ -47,6 +47,28 @@ def test_a_trace_alone_is_an_earlier_run(tmp_path):
         claim(RunDirs(str(out), None), resuming=False, overwrite=False)
 
 
+def test_a_sample_alone_is_an_earlier_run_and_a_foreign_status_is_never_replaced(tmp_path):
+    """sample.txt is a run's file: alone in --out it refuses a fresh run as metrics would. A status.json hybridpar
+    did not write (not its object with one of its statuses) refuses every run, --overwrite and --resume included,
+    and stays as it was; hybridpar's own, left by a run that failed or was killed while running, does not."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "sample.txt").write_text("my poem\n")
+    with pytest.raises(UsageError, match="already holds a run"):
+        claim(RunDirs(str(out), None), resuming=False, overwrite=False)
+    (out / "sample.txt").unlink()
+    for mine in ("notes\n", '{"status": "mine"}\n', "[1, 2]\n"):
+        (out / "status.json").write_text(mine)
+        for resuming, overwrite in ((False, False), (False, True), (True, False)):
+            with pytest.raises(UsageError, match=r"status.json is not a status hybridpar wrote.*another --out"):
+                claim(RunDirs(str(out), None), resuming=resuming, overwrite=overwrite)
+            assert (out / "status.json").read_text() == mine
+    for ours in ({"status": "failed", "exit_code": 1}, {"status": "running", "step": 3}):
+        (out / "status.json").write_text(json.dumps(ours) + "\n")
+        claim(RunDirs(str(out), None), resuming=False, overwrite=False).release()
+        claim(RunDirs(str(out), None), resuming=True, overwrite=False).release()
+
+
 def test_a_save_dir_holding_another_runs_checkpoints_is_named(tmp_path):
     """A fresh --out with --save-dir on an earlier run's checkpoints: the error names the save directory
     (which --overwrite would empty), not the new, empty run directory."""

@@ -18,13 +18,13 @@ import sys
 
 from hybridpar.cli import checkpoint_flags, reliability_flags, watch_flags
 from hybridpar.errors import UsageError
+from hybridpar.reliability.run_dir import STATUS_FILE as STATUS
 from hybridpar.topology.plan import RECOMPUTE_MODES
 
 HELP = "train a recipe: --nproc N starts N local ranks; under torchrun it runs as one rank"
 
 OVERRIDES = ("tp", "cp", "pp", "dp", "vpp", "zero", "micro_batch", "recompute", "global_batch", "steps", "seed",
              "eval_every")
-STATUS = "status.json"
 
 
 def add_arguments(p):
