@@ -25,7 +25,7 @@ from .hardware import GPU, get_gpu
 from .kernels import (ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, attention_shape_factor, gemm_fwd_bwd, gemm_time,
                       hbm_time, kernel_bound)
 from .links import (allreduce_time, collective_time, dp_link_gbps, dp_ranks_per_node, group_nodes, link_time,
-                    nccl_latency, pp_crosses_nodes, sm_contention)
+                    nccl_latency, nccl_sm_share, pp_crosses_nodes, sm_contention)
 from .models import ModelSpec
 from .plan import Plan
 from .software import CROSS_ENTROPY_KERNELS, GRAD_BUCKET_NUMEL, HYBRIDPAR, Software
@@ -70,10 +70,10 @@ def _with_contention(comm: float, shown: float, gpu: GPU, nodes: int, compute: f
 
 
 def _hidden(comm: float, gemm: float, sw: Software, gpu: GPU, nodes: int) -> float:
-    """Cost of an async TP collective issued before a GEMM it can overlap."""
+    """Cost of an async TP collective issued before a GEMM it can overlap, on NCCL's channels."""
     if not sw.tp_bwd_overlap:
         return comm
-    return _with_contention(comm, max(0.0, comm - gemm), gpu, nodes)
+    return _beside_gemm(comm, gemm, nccl_sm_share(gpu, nodes))
 
 
 # Transformer Engine's userbuffers (Software.tp_comm_overlap), as NeMo's recipes configure them
@@ -92,7 +92,7 @@ UB_RS_SMS = {"proj": 24, "fc2": 16}
 UB_BULK_SMS = {"qkv": (4, 24), "fc1": (2, 4)}
 
 
-def _bulk(comm: float, gemm: float, sm_share: float) -> float:
+def _beside_gemm(comm: float, gemm: float, sm_share: float) -> float:
     """A collective of ``comm`` seconds beside a GEMM of ``gemm``: what outlasts the GEMM, and the GEMM's
     loss to the ``sm_share`` of the SMs the collective holds meanwhile."""
     return max(0.0, comm - gemm) + min(comm, gemm) * sm_share
@@ -191,8 +191,8 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         for name, (dgrad, wgrad) in zip(("qkv", "fc1"), column):
             if userbuffers:  # bulk overlaps on the SMs userbuffers' configuration gives them
                 gather_sms, scatter_sms = UB_BULK_SMS[name]
-                tp_t += (_bulk(ar / 2, dgrad, gather_sms / gpu.sms)
-                         + _bulk(ar / 2, wgrad, scatter_sms / gpu.sms))
+                tp_t += (_beside_gemm(ar / 2, dgrad, gather_sms / gpu.sms)
+                         + _beside_gemm(ar / 2, wgrad, scatter_sms / gpu.sms))
             elif sp:
                 tp_t += _hidden(ar / 2, dgrad, sw, gpu, nodes) + _hidden(ar / 2, wgrad, sw, gpu, nodes)
             else:

@@ -43,10 +43,15 @@ def link_time(nbytes: float, gbps: float) -> float:
     return nbytes / (gbps * 1e9 * LINK_EFFICIENCY)
 
 
+def nccl_sm_share(gpu: GPU, nodes: int) -> float:
+    """The share of the GPU's SMs an NCCL collective over ``nodes`` nodes holds (NCCL_COLLECTIVE_CTAS)."""
+    return NCCL_COLLECTIVE_CTAS["network" if nodes > 1 else "nvlink"] / gpu.sms
+
+
 def sm_contention(hidden_s: float, gpu: GPU, nodes: int) -> float:
     """Compute time lost while a collective over ``nodes`` nodes runs ``hidden_s`` seconds behind
     it (NCCL_COLLECTIVE_CTAS): its SMs work for NCCL, not for the compute."""
-    return hidden_s * NCCL_COLLECTIVE_CTAS["network" if nodes > 1 else "nvlink"] / gpu.sms
+    return hidden_s * nccl_sm_share(gpu, nodes)
 
 
 def nccl_latency(steps: int, ranks: int, nodes: int, allreduce: bool = False) -> float:
