@@ -123,16 +123,13 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     tokens = mb * s_loc
     fwd = bwd = 0.0
     up = f * (2 if m.mlp == "swiglu" else 1)
-    column = []  # (input-gradient, weight-gradient) GEMM times of the column-parallel QKV and fc1
-    gemms = []  # (k, n, forward, input-gradient) of QKV, proj, fc1, fc2
-    for i, (k_dim, n_dim) in enumerate(((h, (h + 2 * kv) // tp), (h // tp, h), (h, up // tp), (f // tp, h))):
+    gemms = []  # (k, n, forward, input-gradient, weight-gradient) of QKV, proj, fc1, fc2
+    for k_dim, n_dim in ((h, (h + 2 * kv) // tp), (h // tp, h), (h, up // tp), (f // tp, h)):
         gf = gemm_time(tokens, k_dim, n_dim, gpu, peak, 1, in_bytes)
         dgrad = gemm_time(tokens, n_dim, k_dim, gpu, peak, 1, in_bytes)
         wgrad = gemm_time(k_dim, tokens, n_dim, gpu, peak, 1, in_bytes)
         fwd, bwd = fwd + gf, bwd + dgrad + wgrad
-        gemms.append((k_dim, n_dim, gf, dgrad))
-        if i in (0, 2):
-            column.append((dgrad, wgrad))
+        gemms.append((k_dim, n_dim, gf, dgrad, wgrad))
     heads = m.heads // tp
     if sw.flash_attention:
         # With context parallelism each kernel call sees one ring step's keys, seq / cp (megatron-core's
@@ -188,7 +185,7 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         else:
             fwd_tp, row_grad_gathers = 2 * ar, ar if sp else 0.0
         tp_t = (2 if recompute == "full" else 1) * fwd_tp + row_grad_gathers
-        for name, (dgrad, wgrad) in zip(("qkv", "fc1"), column):
+        for name, (*_, dgrad, wgrad) in zip(("qkv", "fc1"), gemms[::2]):  # the column-parallel QKV and fc1
             if userbuffers:  # bulk overlaps on the SMs userbuffers' configuration gives them
                 gather_sms, scatter_sms = UB_BULK_SMS[name]
                 tp_t += (_beside_gemm(ar / 2, dgrad, gather_sms / gpu.sms)
@@ -215,8 +212,8 @@ def _userbuffers(gemms: list, tokens: int, token_bytes: int, gpu: GPU, peak: flo
     """Seconds the sequence-parallel TP collectives add beyond their GEMMs under Transformer Engine's
     userbuffers (UB_RS_SPLITS): the forward pass's (QKV and fc1 gathers, proj and fc2 reduce-scatters)
     and the backward's output-gradient gathers before the proj and fc2 input-gradient GEMMs."""
-    (qkv_k, qkv_n, qkv, _), (proj_k, proj_n, proj, proj_dgrad) = gemms[:2]
-    (fc1_k, fc1_n, fc1, _), (fc2_k, fc2_n, fc2, fc2_dgrad) = gemms[2:]
+    (qkv_k, qkv_n, qkv, _, _), (proj_k, proj_n, proj, proj_dgrad, _) = gemms[:2]
+    (fc1_k, fc1_n, fc1, _, _), (fc2_k, fc2_n, fc2, fc2_dgrad, _) = gemms[2:]
     gather = collective_time("all-gather", tokens * token_bytes, tp, 1, gpu.nvlink_gbps, gpu)
     scatter = collective_time("reduce-scatter", tokens * token_bytes, tp, 1, gpu.nvlink_gbps, gpu)
     chunk = -(-tokens // tp)
