@@ -14,5 +14,8 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
     typing-inspection==0.4.5 typing-extensions==4.16.0
 # DeepSpeed publishes no wheel: build its pure-Python one (ops are JIT-built on the GPU machine).
 DS_BUILD_OPS=0 .venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w .whl deepspeed==0.19.8
+# hybridpar itself, installed there from its own wheel (the repository's folders are not its package layout).
+rm -f .whl/hybridpar-*.whl
+.venv/bin/python -m pip wheel -q --no-deps --no-build-isolation -w .whl .
 ls -la .whl
 du -sh .whl
