@@ -1,6 +1,6 @@
 """gpu: one-GPU absolute number: a 1.07B Llama-style model, TP=1 PP=1 bf16, tokens/s, TFLOP/s, MFU vs planner.
 
-`hybridpar bench gpu [--steps 30] [--warmup 5] [--seq-len 2048] [--micro-batch 2] [--global-batch 16]`
+`hybridpar bench gpu [--steps 30] [--warmup 5] [--seq-len 2048] [--micro-batch 2] [--global-batch 16] [--profile N]`
 on a machine with one CUDA GPU (it refuses to run without one). Model "llama-1b" (chosen here):
 20 layers, hidden 2048, ffn 5632 (SwiGLU), 16 heads / 8 KV heads (head dim 128), vocab 32,000,
 untied: 1.075B parameters. It trains through hybridpar's own runtime (``hybridpar.train.Job``:
@@ -26,6 +26,7 @@ from hybridpar.topology.plan import Plan
 from hybridpar.topology.software import HYBRIDPAR, MEGATRON_CORE
 
 from hybridpar.benchmarks._cli import BenchParser, nonnegative_int, positive_int
+from hybridpar.benchmarks._kernel_profile import profile_steps
 from hybridpar.benchmarks.results_io import write_result
 
 MODEL = ModelSpec(layers=20, hidden=2048, ffn_hidden=5632, heads=16, kv_heads=8, vocab=32000, name="llama-1b")
@@ -56,6 +57,9 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=positive_int, default=2048)
     p.add_argument("--micro-batch", type=positive_int, default=2)
     p.add_argument("--global-batch", type=positive_int, default=16, help="a multiple of --micro-batch")
+    p.add_argument("--profile", type=nonnegative_int, default=0, metavar="N",
+                   help="then N more steps under torch.profiler: the step's GPU time by kernel kind (GEMM, "
+                   "attention, elementwise, optimizer, copies), the GPU's idle time and the top kernels")
     args = p.parse_args(argv)
     if args.global_batch % args.micro_batch:
         p.error(f"--global-batch {args.global_batch} is not a multiple of --micro-batch {args.micro_batch} "
@@ -81,7 +85,7 @@ def main(argv=None) -> int:
         gpu = get_gpu(gpu_key)
         plan = make_plan(gpu_key, args.seq_len, args.micro_batch, args.global_batch)
         source = SyntheticTokens(plan.seq_len, plan.global_batch, MODEL.vocab, seed=0)
-        optim = OptimConfig(lr=3e-4, min_lr=3e-5, warmup_steps=2, total_steps=args.warmup + args.steps)
+        optim = OptimConfig(lr=3e-4, min_lr=3e-5, warmup_steps=2, total_steps=args.warmup + args.steps + args.profile)
         job = Job(plan, optim, source, seed=0)
         setup_s = time.perf_counter() - t_start
         times, losses = [], []
@@ -94,6 +98,8 @@ def main(argv=None) -> int:
                 times.append(m.step_time_s)
             print(f"step {step}: loss {m.loss:.4f} {m.step_time_s * 1e3:.0f} ms", flush=True)
         step_s = statistics.median(times)
+        first = args.warmup + args.steps + 1
+        profiled = profile_steps(lambda i: job.train_step(first + i), args.profile) if args.profile else None
         tokens = plan.global_batch * plan.seq_len
         flops = plan.global_batch * model_flops_per_seq(MODEL, plan.seq_len)
         tflops = flops / step_s / 1e12
@@ -110,6 +116,10 @@ def main(argv=None) -> int:
             "predicted": {k: {"step_time_s": c.step_time_s, "tokens_per_s": c.tokens_per_s, "mfu": c.mfu}
                           for k, c in predicted.items()},
         }
+        if profiled:
+            result["profile"] = profiled
+            print("profile, per step: " + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in profiled["by_kind_s"].items())
+                  + f"; GPU busy {profiled['gpu_busy_s'] * 1e3:.0f} ms, idle {profiled['gpu_idle_s'] * 1e3:.0f} ms")
         print(f"{props.name}: {result['params'] / 1e9:.3f}B params, step {step_s * 1e3:.0f} ms, {tokens / step_s:,.0f} tokens/s, "
               f"{tflops:.0f} TFLOP/s, MFU {tflops / peak:.1%} of {peak:.0f}")
         for k, c in predicted.items():

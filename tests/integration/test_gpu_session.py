@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ["setup", "kernels", "attention", "train_bf16", "init", "bench_gpu"]
+STEPS = ["setup", "kernels", "layer_kernels", "attention", "train_bf16", "init", "bench_gpu"]
 
 
 def _stub(path: Path, text: str) -> None:

@@ -16,7 +16,7 @@ import weakref
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # an installed hybridpar first
 
 from hybridpar.zero import grad_sync  # noqa: E402
 from results_io import run_alone  # noqa: E402

@@ -19,7 +19,7 @@ warnings.filterwarnings("ignore")
 
 import torch  # noqa: E402
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+sys.path.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # an installed hybridpar first
 
 from hybridpar.topology.models import PRESETS  # noqa: E402
 from hybridpar.topology.plan import Plan  # noqa: E402
