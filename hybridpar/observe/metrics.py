@@ -115,7 +115,8 @@ def step_text(record: dict) -> str:
     t, unit = per_device_tflops(record)
     parts = [f"{t:.3g} TFLOP/s/{unit}" if t >= 0.1 else f"{t * 1e3:.3g} GFLOP/s/{unit}"]
     if record.get("mfu") is not None:
-        parts.append(f"MFU {record['mfu']:.1%}")
+        mfu = record["mfu"]  # a tiny model's MFU keeps two digits rather than printing as 0.0%
+        parts.append(f"MFU {mfu:.1%}" if mfu >= 0.001 else f"MFU {mfu * 100:.2g}%")
     if record.get("predicted_step_time_s") is not None and record.get("device") != "cpu":
         on = f" on {record['predicted_on']}" if record.get("predicted_on") else ""
         parts.append(f"predicted {record['predicted_step_time_s']:.3g} s{on}")

@@ -59,3 +59,11 @@ def test_cpu_runs_never_show_a_gpu_prediction_beside_their_timings():
     assert "h100-80gb bf16 (a GPU prediction, not comparable with these CPU timings)" in describe(y)
     gpu = yardstick(plan.with_(precision="bf16"), cuda=True, device_name="NVIDIA H100 80GB HBM3")
     assert "on h100-80gb bf16" in step_text(gpu.step_record(0.5)) and "TFLOP/s/gpu" in step_text(gpu.step_record(1e-6))
+
+
+def test_a_tiny_models_mfu_keeps_two_digits():
+    """The main job's recipe on one H200 ran at about 80 GFLOP/s: MFU 0.0081%, not "MFU 0.0%"."""
+    y = Yardstick(8e10 * 0.075, 1, "h200-141gb", 989.0, 0.00686, "h200-141gb bf16")
+    text = step_text(y.step_record(0.075))
+    assert "MFU 0.0081%" in text and "predicted 0.00686 s on h200-141gb bf16" in text
+    assert "MFU 38.1%" in step_text(Yardstick(377e12, 1, "h200-141gb", 989.0, None, "").step_record(1.0))
