@@ -15,6 +15,10 @@ bandwidth, the kernel boundary and the host's issue) is checked kernel by kernel
 * streaming: c = a + b over 1 GiB operands, the bytes over the time against the GPU's HBM bandwidth.
 * kernel boundary: a minimal kernel's time issued from Python (the host's issue) and replayed inside a
   CUDA graph (the boundary alone).
+* unfused RoPE and SwiGLU, forward and backward, as megatron-core 0.16.1 runs them without fusion
+  (models/common/embeddings/rope_utils.py _apply_rotary_pos_emb_bshd on the Q and K views of the fused QKV
+  output; transformer/mlp.py's glu on the fc1 output's two halves): the bytes topology/kernels.py counts
+  for them over the measured time, against the streaming rate.
 Writes benchmarks/results/layer_kernels.json."""
 from __future__ import annotations
 
@@ -168,6 +172,66 @@ def kernel_boundary_row(device: str, calls: int = 2000) -> dict:
     return {"eager_s_per_kernel": eager, "graph_s_per_kernel": (time.perf_counter() - start) / 5 / calls}
 
 
+# (name, heads, kv heads, head dim, ffn) per tensor-parallel rank: the 1.07B model of `bench gpu`, Llama 3 8B
+# at TP 1, Llama 3 70B at TP 8.
+UNFUSED_SHAPES = (("llama-1b", 16, 8, 128, 5632), ("llama3-8b-tp1", 32, 8, 128, 14336), ("llama3-70b-tp8", 8, 1, 128, 3584))
+
+
+def _rope(t, cos, sin):
+    """megatron-core's unfused RoPE on t [s, b, heads, d]: t * cos + rotate_half(t) * sin, then the cat with
+    the (empty) part past the rotary dimension."""
+    import torch
+
+    rot, rest = t[..., :cos.shape[-1]], t[..., cos.shape[-1]:]
+    x1, x2 = torch.chunk(rot, 2, dim=-1)
+    return torch.cat((rot * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
+
+
+def unfused_rows(device: str, dtype, seconds: float, seq: int = 2048, batch: int = 2, shapes=UNFUSED_SHAPES) -> list[dict]:
+    import torch
+    import torch.nn.functional as F
+
+    from hybridpar.benchmarks.kernels import _synchronizer
+    from hybridpar.topology.kernels import ROPE_UNFUSED_PASSES, SWIGLU_UNFUSED_PASSES
+
+    sync, rows = _synchronizer(device), []
+    for name, heads, kv, d, ffn in shapes:
+        group = heads // kv
+        mixed = torch.randn(seq, batch, kv, (group + 2) * d, device=device, dtype=dtype, requires_grad=True)
+        freqs = torch.randn(seq, 1, 1, d, device=device)
+        grads = [torch.randn(seq, batch, heads, d, device=device, dtype=dtype),
+                 torch.randn(seq, batch, kv, d, device=device, dtype=dtype)]
+
+        def rope():
+            q = mixed[..., :group * d].reshape(seq, batch, heads, d)
+            k = mixed[..., group * d:(group + 1) * d]
+            cos, sin = torch.cos(freqs).to(dtype), torch.sin(freqs).to(dtype)
+            torch.autograd.backward([_rope(q, cos, sin), _rope(k, cos, sin)], grads)
+            mixed.grad = None
+
+        fc1 = torch.randn(seq * batch, 2 * ffn, device=device, dtype=dtype, requires_grad=True)
+        grad = torch.randn(seq * batch, ffn, device=device, dtype=dtype)
+
+        def swiglu():
+            x_glu, x_linear = torch.chunk(fc1, 2, dim=-1)
+            (F.silu(x_glu) * (x_linear + 0.0)).backward(grad)
+            fc1.grad = None
+
+        for op, fn, elements, passes in (("rope", rope, seq * batch * (heads + kv) * d, ROPE_UNFUSED_PASSES),
+                                         ("swiglu", swiglu, seq * batch * ffn, SWIGLU_UNFUSED_PASSES)):
+            t = seconds_per_call(fn, seconds, sync)
+            moved = sum(passes) * elements * torch.empty((), dtype=dtype).element_size()
+            row = {"shape": name, "op": op, "elements": elements, "bytes_counted": moved, "measured_s": t,
+                   "tbps": moved / t / 1e12}
+            if device.startswith("cuda"):  # the kernels' own time: alone, the host's issue may bound the call
+                from hybridpar.benchmarks._kernel_profile import profile_steps
+
+                busy = profile_steps(lambda i: fn(), 5)["gpu_busy_s"]
+                row.update(device_s=busy, device_tbps=moved / busy / 1e12)
+            rows.append(row)
+    return rows
+
+
 def main(argv=None) -> int:
     p = BenchParser("layer_kernels", description=__doc__.splitlines()[0])
     p.add_argument("--seconds", type=positive_float, default=0.03, help="timing per kernel shape (default 0.03)")
@@ -175,6 +239,8 @@ def main(argv=None) -> int:
                    "(default 4096,8192)")
     args = p.parse_args(argv)
     tokens = int_list(p, "--tokens", args.tokens)
+    if min(tokens) < 1:
+        p.error(f"--tokens {args.tokens}: tokens per micro-batch must be positive integers")
     import torch
 
     if not torch.cuda.is_available():
@@ -197,6 +263,7 @@ def main(argv=None) -> int:
     attention = attention_rows("cuda", dtype, args.seconds * 3, gpu)
     stream = stream_row("cuda", dtype, args.seconds * 10, gpu)
     boundary = kernel_boundary_row("cuda")
+    unfused = unfused_rows("cuda", dtype, args.seconds * 3)
     ratios = sorted(r["predicted_s"] / r["measured_s"] for r in gemms)
     print(f"{props.name} ({base}): 8192^3 at {reference['tflops']:.0f} TFLOP/s; {len(gemms)} layer GEMMs, "
           f"predicted / measured time median {ratios[len(ratios) // 2]:.3f} "
@@ -207,9 +274,14 @@ def main(argv=None) -> int:
         print(f"attention seq {r['seq']:>5} d {r['head_dim']:>3}: forward+backward {r['forward_backward_s'] * 1e3:.2f} ms, "
               f"predicted {r['predicted_forward_backward_s'] * 1e3:.2f} ms, backward / forward "
               f"{(r['forward_backward_s'] - r['forward_s']) / r['forward_s']:.2f}")
+    for r in unfused:
+        print(f"unfused {r['op']:<6} {r['shape']:<15} {r['measured_s'] * 1e3:.3f} ms, {r['tbps']:.2f} TB/s counted "
+              f"({r['tbps'] / gpu.hbm_tbps:.2f} of {gpu.hbm_tbps}); kernels alone {r['device_s'] * 1e3:.3f} ms, "
+              f"{r['device_tbps'] / gpu.hbm_tbps:.2f} of it")
     write_result("layer_kernels", {"device": props.name, "catalogue_gpu": base, "torch_cuda": torch.version.cuda,
                                    "reference_gemm": reference, "gemms": gemms, "attention": attention,
-                                   "stream": stream, "kernel_boundary": boundary},
+                                   "stream": stream, "kernel_boundary": boundary,
+                                   "unfused": unfused},
                  command=("hybridpar bench layer_kernels " + " ".join(argv or [])).strip())
     return 0
 

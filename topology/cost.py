@@ -22,8 +22,9 @@ from math import ceil
 
 from .flops import causal_attention_flops, model_flops_per_seq
 from .hardware import GPU, get_gpu
-from .kernels import (ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, attention_shape_factor, gemm_fwd_bwd, gemm_time,
-                      hbm_time, kernel_bound)
+from .kernels import (ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES,
+                      SWIGLU_UNFUSED_HBM, SWIGLU_UNFUSED_PASSES, attention_shape_factor, gemm_fwd_bwd, gemm_time,
+                      hbm_time, kernel_bound, unfused_time)
 from .links import (allreduce_time, collective_time, dp_link_gbps, dp_ranks_per_node, group_nodes, link_time,
                     nccl_latency, nccl_sm_share, pp_crosses_nodes, sm_contention)
 from .models import ModelSpec
@@ -154,12 +155,19 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     # over TP only with sequence parallelism; activation function on the TP-split intermediate.
     mask = 1 if sw.dropout else 0
     hidden_bytes = (2 * 2 * 2 + 2 * 3 * 2 + 2 * mask) * h
-    act_bytes = (3 if m.mlp == "swiglu" else 2) * 2 * f / tp
-    # RoPE reads and writes the rank's Q and K heads, 2 bytes each
-    rope_bytes = 2 * 2 * (h + kv) / tp if sw.rotary else 0.0
+    swiglu_unfused = m.mlp == "swiglu" and not sw.swiglu_fusion
+    rope_unfused = sw.rotary and not sw.rope_fusion
+    act_bytes = 0.0 if swiglu_unfused else (3 if m.mlp == "swiglu" else 2) * 2 * f / tp
+    # RoPE fused reads and writes the rank's Q and K heads, 2 bytes each
+    rope_bytes = 2 * 2 * (h + kv) / tp if sw.rotary and not rope_unfused else 0.0
     ew = tokens * (hidden_bytes / (tp if sp else 1) + act_bytes + rope_bytes)
     fwd += hbm_time(ew, gpu)
     bwd += hbm_time(2 * ew, gpu)
+    for unfused, elements, passes, efficiency in ((rope_unfused, (h + kv) / tp, ROPE_UNFUSED_PASSES, ROPE_UNFUSED_HBM),
+                                                  (swiglu_unfused, f / tp, SWIGLU_UNFUSED_PASSES, SWIGLU_UNFUSED_HBM)):
+        if unfused:  # op by op, at the measured rate of kernels on strided halves (kernels.py)
+            f_s, b_s = unfused_time(tokens * elements, passes, efficiency, gpu)
+            fwd, bwd = fwd + f_s, bwd + b_s
     fwd = kernel_bound(fwd, sw.kernels_per_layer[0], sw.launch_blocking)
     bwd = kernel_bound(bwd, sw.kernels_per_layer[1], sw.launch_blocking)
     if recompute == "full":

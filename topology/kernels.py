@@ -63,6 +63,22 @@ ATTENTION_KERNEL_SLOWDOWN = {"flash2": (1.0, 1.0), "triton": (1.4, 2.0)}
 # (a third-party measurement on a 132-SM Hopper card kept in this project's search corpus) [S].
 # The host runs ahead of the GPU, so it binds only where a layer's kernels are shorter than their
 # issue.
+# Unfused RoPE and SwiGLU as megatron-core 0.16.1 runs them without fusion: elements read plus written per
+# element of their input (RoPE: of Q and K; SwiGLU: of the activated width F), forward and backward, counted
+# by a dispatch mode over every aten operation (tests/unit/test_bench_layer_kernels.py). RoPE
+# (rope_utils.py _apply_rotary_pos_emb_bshd): t * cos, -x2, cat(-x2, x1), * sin, the add, the final cat with
+# the empty pass-through part; backward adds the two paths and joins the halves. SwiGLU (mlp.py glu): silu,
+# x_linear + glu_linear_offset, the product; backward the product's two gradients, silu's, the halves
+# joined into fc1's gradient. Fused, each is one read and one write forward and twice that backward.
+ROPE_UNFUSED_PASSES = (12, 14)
+SWIGLU_UNFUSED_PASSES = (7, 13)
+# Their kernels run on strided halves and broadcast cos/sin tables, below streaming rate: measured on one
+# H200 as the bytes the benchmark's own operations move over the kernels' time (`hybridpar bench
+# layer_kernels`, benchmarks/results/h200/layer_kernels.json "unfused", three layer shapes each): RoPE 0.34,
+# 0.41 and 0.41 of peak HBM bandwidth, SwiGLU 0.55, 0.56 and 0.58 (a contiguous add: 0.92). The medians,
+# assumed for the other GPUs [S, measured kernel table].
+ROPE_UNFUSED_HBM = 0.41
+SWIGLU_UNFUSED_HBM = 0.56
 KERNEL_GAP_S = 1.28e-6
 HOST_OP_S = 4.2e-6
 
@@ -117,8 +133,14 @@ def kernel_bound(gpu_s: float, kernels: int, launch_blocking: bool = False) -> f
     return max(gpu_s + kernels * KERNEL_GAP_S, kernels * HOST_OP_S)
 
 
-def hbm_time(nbytes: float, gpu: GPU) -> float:
-    return nbytes / (gpu.hbm_tbps * 1e12 * HBM_EFFICIENCY)
+def hbm_time(nbytes: float, gpu: GPU, efficiency: float = HBM_EFFICIENCY) -> float:
+    return nbytes / (gpu.hbm_tbps * 1e12 * efficiency)
+
+
+def unfused_time(elements: float, passes: tuple[int, int], efficiency: float, gpu: GPU) -> tuple[float, float]:
+    """(forward, backward) seconds of an unfused elementwise chain over ``elements`` bf16 elements that moves
+    ``passes`` elements per element each way, at ``efficiency`` of peak HBM bandwidth."""
+    return tuple(hbm_time(2 * p * elements, gpu, efficiency) for p in passes)
 
 
 def attention_shape_factor(seq: int, head_dim: int) -> float:

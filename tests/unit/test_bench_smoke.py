@@ -189,6 +189,7 @@ BAD_BENCH_INVOCATIONS = [
     ("data_prepare", ["--documents", "0"]), ("data_prepare", ["--repeats", "x"]), ("data_prepare", ["--vocab", "-5"]),
     ("kernels", ["--out", "gpu.json"]), ("kernels", ["--out", "no/such/folder/gpu.yaml"]),
     ("kernels", ["--sizes", "4096,0"]), ("kernels", ["--sizes", "4k"]), ("kernels", ["--seconds", "0"]), ("kernels", ["--soak", "-1"]),
+    ("layer_kernels", ["--tokens", "4096,0"]), ("layer_kernels", ["--tokens", "4k"]), ("layer_kernels", ["--seconds", "0"]),
     ("init", ["--gpus", "0"]), ("init", ["--recipe", "no/such.yaml"]), ("init", ["--gpus", "7"]),
     ("async_save", ["--nproc", "0"]), ("async_save", ["--save-every", "x"]),
     ("replica_soak", ["--steps", "100", "--kills", "8"]), ("replica_soak", ["--rejoin-after-s", "0"]),
