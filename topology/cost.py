@@ -159,7 +159,7 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     rope_unfused = sw.rotary and not sw.rope_fusion
     act_bytes = 0.0 if swiglu_unfused else (3 if m.mlp == "swiglu" else 2) * 2 * f / tp
     # RoPE fused reads and writes the rank's Q and K heads, 2 bytes each
-    rope_bytes = 2 * 2 * (h + kv) / tp if sw.rotary and not rope_unfused else 0.0
+    rope_bytes = 2 * 2 * (h + kv) / tp if sw.rotary and sw.rope_fusion else 0.0
     ew = tokens * (hidden_bytes / (tp if sp else 1) + act_bytes + rope_bytes)
     fwd += hbm_time(ew, gpu)
     bwd += hbm_time(2 * ew, gpu)

@@ -11,7 +11,8 @@
   and head dimension (attention_shape_factor); backward FLASH_BACKWARD_RATIO x the forward's FLOPs;
   other kernels at their measured slowdown (ATTENTION_KERNEL_SLOWDOWN).
 * Memory-bound work (norms, residual adds, activation functions, the loss): bytes over
-  HBM_EFFICIENCY x peak HBM bandwidth.
+  HBM_EFFICIENCY x peak HBM bandwidth; unfused RoPE and SwiGLU op by op at their kernels' measured
+  rate (unfused_time).
 * Every kernel: a boundary cost, and the host's issue where the kernels are shorter than it
   (kernel_bound).
 """
@@ -57,12 +58,6 @@ FLASH_BACKWARD_RATIO = 2.5
 # around 2x faster in the backward pass" (Dao 2023, "FlashAttention-2", §4.1, measured on A100;
 # the middle of the forward's range taken, and assumed to hold on H100).
 ATTENTION_KERNEL_SLOWDOWN = {"flash2": (1.0, 1.0), "triton": (1.4, 2.0)}
-# Per kernel: the boundary between two kernels on a stream (the last blocks drain, the next
-# kernel's first blocks start), measured as the time of a minimal kernel inside a replayed CUDA
-# graph, 1.28 us, and the host's cost of issuing one operation from Python in eager PyTorch, 4.2 us
-# (a third-party measurement on a 132-SM Hopper card kept in this project's search corpus) [S].
-# The host runs ahead of the GPU, so it binds only where a layer's kernels are shorter than their
-# issue.
 # Unfused RoPE and SwiGLU as megatron-core 0.16.1 runs them without fusion: elements read plus written per
 # element of their input (RoPE: of Q and K; SwiGLU: of the activated width F), forward and backward, counted
 # by a dispatch mode over every aten operation (tests/unit/test_bench_layer_kernels.py). RoPE
@@ -79,6 +74,12 @@ SWIGLU_UNFUSED_PASSES = (7, 13)
 # assumed for the other GPUs [S, measured kernel table].
 ROPE_UNFUSED_HBM = 0.41
 SWIGLU_UNFUSED_HBM = 0.56
+# Per kernel: the boundary between two kernels on a stream (the last blocks drain, the next
+# kernel's first blocks start), measured as the time of a minimal kernel inside a replayed CUDA
+# graph, 1.28 us, and the host's cost of issuing one operation from Python in eager PyTorch, 4.2 us
+# (a third-party measurement on a 132-SM Hopper card kept in this project's search corpus) [S].
+# The host runs ahead of the GPU, so it binds only where a layer's kernels are shorter than their
+# issue.
 KERNEL_GAP_S = 1.28e-6
 HOST_OP_S = 4.2e-6
 
