@@ -14,7 +14,8 @@
 Per step it adds to metrics.jsonl ``model_flops``, ``flops_per_s`` (whole job), ``device``,
 ``tflops_per_gpu`` on GPUs or ``tflops_per_rank`` on CPU ranks (a CPU process is not a GPU), ``mfu``
 (fraction of the peak, or null), ``predicted_step_time_s`` (null when the planner cannot cost the
-layout) and ``predicted_on`` (the GPU and precision the prediction is for). On CPU the prediction is
+layout), ``predicted_step_time_s_range`` (the validation spread around it, as `hybridpar plan` prints it)
+and ``predicted_on`` (the GPU and precision the prediction is for). On CPU the prediction is
 for a GPU the run does not have: the step line leaves it out and ``describe`` says it is not
 comparable with the CPU timings. It appends them to the step line, moves a tqdm bar on rank 0 when stdout is a terminal (lines then go through
 ``tqdm.write`` so both stay readable) and, when ``torch.utils.tensorboard`` and tensorboard are
@@ -29,6 +30,7 @@ from typing import Optional
 
 from hybridpar.topology.flops import model_flops_per_seq
 from hybridpar.topology.hardware import HardwareError, catalogue_for_device, get_gpu
+from hybridpar.topology.validation import step_time_range
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,8 @@ class Yardstick:
     peak_tflops: Optional[float]  # dense peak of one device at the run's precision; None: no MFU
     predicted_step_time_s: Optional[float]
     predicted_on: str  # "h100-80gb bf16": what the prediction assumes
+    # the validation spread around the prediction (topology.validation.step_time_range): how far to trust it
+    predicted_range: Optional[tuple[float, float]] = None
 
     @property
     def on_cpu(self) -> bool:
@@ -57,6 +61,7 @@ class Yardstick:
             "mfu": tflops / self.peak_tflops if self.peak_tflops else None,
             "predicted_step_time_s": self.predicted_step_time_s,
             "predicted_on": self.predicted_on,
+            "predicted_step_time_s_range": list(self.predicted_range) if self.predicted_range else None,
         }
 
 
@@ -78,7 +83,8 @@ def yardstick(plan, cuda: Optional[bool] = None, device_name: Optional[str] = No
             peak = None
     predicted, on = predict_step_time(plan, gpu_name)
     flops = plan.global_batch * model_flops_per_seq(plan.model, plan.seq_len)
-    return Yardstick(flops, plan.world_size, device, peak, predicted, on)
+    spread = step_time_range(predicted, on.split()[0]) if predicted is not None else None
+    return Yardstick(flops, plan.world_size, device, peak, predicted, on, spread)
 
 
 def predict_step_time(plan, gpu_name: Optional[str] = None) -> tuple[Optional[float], str]:
@@ -119,7 +125,9 @@ def step_text(record: dict) -> str:
         parts.append(f"MFU {mfu:.1%}" if mfu >= 0.001 else f"MFU {mfu * 100:.2g}%")
     if record.get("predicted_step_time_s") is not None and record.get("device") != "cpu":
         on = f" on {record['predicted_on']}" if record.get("predicted_on") else ""
-        parts.append(f"predicted {record['predicted_step_time_s']:.3g} s{on}")
+        spread = record.get("predicted_step_time_s_range")
+        spread = f" ({spread[0]:.3g}-{spread[1]:.3g})" if spread else ""
+        parts.append(f"predicted {record['predicted_step_time_s']:.3g} s{spread}{on}")
     return " | " + " | ".join(parts)
 
 

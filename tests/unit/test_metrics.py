@@ -7,6 +7,7 @@ from hybridpar.topology.flops import model_flops_per_seq
 from hybridpar.topology.models import PRESETS
 from hybridpar.topology.plan import Plan
 from hybridpar.topology.search import evaluate
+from hybridpar.topology.validation import step_time_range
 
 
 @pytest.mark.parametrize("name, expected", [
@@ -34,6 +35,10 @@ def test_mfu_against_the_device_peak_on_a_known_gpu():
     assert r["tflops_per_gpu"] == pytest.approx(evaluate(plan).cost.tflops_per_gpu)
     assert r["mfu"] == pytest.approx(evaluate(plan).cost.mfu)
     assert "MFU" in step_text(r) and "TFLOP/s/gpu" in step_text(r)
+    # the prediction carries the validation spread of its GPU, as `hybridpar plan` prints it
+    lo, hi = step_time_range(y.predicted_step_time_s, "h100-80gb")
+    assert r["predicted_step_time_s_range"] == [lo, hi] and lo < y.predicted_step_time_s < hi
+    assert f"predicted {y.predicted_step_time_s:.3g} s ({lo:.3g}-{hi:.3g}) on h100-80gb bf16" in step_text(r)
 
 
 def test_no_mfu_on_cpu_or_unknown_gpu_and_fp32_predicted_as_bf16():
@@ -46,7 +51,7 @@ def test_no_mfu_on_cpu_or_unknown_gpu_and_fp32_predicted_as_bf16():
     r = Yardstick(1e9, 8, "cpu", None, None, "h100-80gb bf16").step_record(0.5)
     assert r["flops_per_s"] == 2e9 and r["tflops_per_rank"] == pytest.approx(2e9 / 8 / 1e12)
     assert "tflops_per_gpu" not in r  # a CPU process is not a GPU
-    assert r["mfu"] is None and r["predicted_step_time_s"] is None
+    assert r["mfu"] is None and r["predicted_step_time_s"] is None and r["predicted_step_time_s_range"] is None
     assert "MFU" not in step_text(r) and "GFLOP/s/rank" in step_text(r)
 
 
