@@ -45,6 +45,17 @@ def catalogue_name(device_name: str, memory_gib: float) -> str:
     return name
 
 
+def this_gpu(bench: str):
+    """(properties, catalogue name) of CUDA device 0, or None once stderr says `hybridpar bench BENCH` needs one."""
+    import torch
+
+    if not torch.cuda.is_available():
+        print(f"hybridpar bench {bench}: no CUDA GPU here; run it on the GPU to measure", file=sys.stderr)
+        return None
+    props = torch.cuda.get_device_properties(0)
+    return props, catalogue_name(props.name, props.total_memory / 2**30)
+
+
 def make_plan(gpu: str, seq_len: int, micro_batch: int, global_batch: int) -> Plan:
     return Plan(model=MODEL, seq_len=seq_len, global_batch=global_batch, tp=1, pp=1, dp=1, micro_batch=micro_batch,
                 zero_stage=1, precision="bf16", gpu=gpu, gpus_per_node=1)

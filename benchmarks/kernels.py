@@ -149,15 +149,14 @@ def main(argv=None) -> int:
         p.error(f"--out {args.out}: folder {out.parent} does not exist")
     if out.exists() and not _written_here(out):
         p.error(f"--out {args.out} exists and was not written by this benchmark; choose another name")
+    from hybridpar.benchmarks.gpu import this_gpu
+
+    found = this_gpu("kernels")
+    if found is None:
+        return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print("hybridpar bench kernels: no CUDA GPU here; run it on the GPU to measure", file=sys.stderr)
-        return 2
-    from hybridpar.benchmarks.gpu import catalogue_name
-
-    props = torch.cuda.get_device_properties(0)
-    base = catalogue_name(props.name, props.total_memory / 2**30)
+    props, base = found
     peak = get_gpu(base).peak_tflops("bf16")
     rows = sweep(sizes, "cuda", torch.bfloat16, args.seconds)
     attention = attention_tflops(args.seq_len, args.heads, args.head_dim, "cuda", torch.bfloat16, args.seconds * 5)

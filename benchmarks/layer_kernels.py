@@ -31,7 +31,7 @@ from hybridpar.topology.kernels import (FLASH_BACKWARD_RATIO, HBM_EFFICIENCY, at
 from hybridpar.topology.models import load_model
 
 from hybridpar.benchmarks._cli import BenchParser, int_list, positive_float
-from hybridpar.benchmarks.kernels import seconds_per_call
+from hybridpar.benchmarks.kernels import matmul_tflops, seconds_per_call
 from hybridpar.benchmarks.results_io import write_result
 
 # The tensor-parallel widths each model's recipes and published runs use.
@@ -241,24 +241,20 @@ def main(argv=None) -> int:
     tokens = int_list(p, "--tokens", args.tokens)
     if min(tokens) < 1:
         p.error(f"--tokens {args.tokens}: tokens per micro-batch must be positive integers")
+    from hybridpar.benchmarks.gpu import this_gpu
+
+    found = this_gpu("layer_kernels")
+    if found is None:
+        return 2
     import torch
 
-    if not torch.cuda.is_available():
-        print("hybridpar bench layer_kernels: no CUDA GPU here; run it on the GPU to measure", file=sys.stderr)
-        return 2
-    from hybridpar.benchmarks.gpu import catalogue_name
-
-    props = torch.cuda.get_device_properties(0)
-    base = catalogue_name(props.name, props.total_memory / 2**30)
+    props, base = found
     gpu = replace(get_gpu(base), sustained_clock=1.0)
     dtype = torch.bfloat16
-    a = torch.randn(*REFERENCE[:2], device="cuda", dtype=dtype)
-    b = torch.randn(*REFERENCE[1:], device="cuda", dtype=dtype)
-    ref_s = seconds_per_call(lambda: torch.mm(a, b), 1.0, torch.cuda.synchronize)
-    del a, b
-    reference = {"m": REFERENCE[0], "k": REFERENCE[1], "n": REFERENCE[2], "measured_s": ref_s,
-                 "predicted_s": gemm_time(*REFERENCE, gpu, gpu.bf16_tflops * 1e12),
-                 "tflops": 2 * REFERENCE[0] * REFERENCE[1] * REFERENCE[2] / ref_s / 1e12}
+    m, k, n = REFERENCE
+    tflops = matmul_tflops(m, k, n, "cuda", dtype, 1.0)
+    reference = {"m": m, "k": k, "n": n, "measured_s": 2 * m * k * n / tflops / 1e12,
+                 "predicted_s": gemm_time(m, k, n, gpu, gpu.bf16_tflops * 1e12), "tflops": tflops}
     gemms = gemm_rows(tokens, "cuda", dtype, args.seconds, gpu)
     attention = attention_rows("cuda", dtype, args.seconds * 3, gpu)
     stream = stream_row("cuda", dtype, args.seconds * 10, gpu)
