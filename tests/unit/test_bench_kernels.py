@@ -1,7 +1,6 @@
 """`hybridpar bench kernels`: the timing, the FLOP counts and the GPU file it writes, run on CPU
 (the rates are the CPU's; the GPU figures need a GPU, README "kernels")."""
 import math
-import time
 from dataclasses import replace
 
 import pytest
@@ -16,19 +15,40 @@ from hybridpar.topology.models import load_model
 from hybridpar.topology.software import HYBRIDPAR
 
 
-def test_seconds_per_call_times_one_call():
-    """A call that sleeps 4 ms is timed at 4 ms (the scheduler may add a little, never subtract)."""
-    t = seconds_per_call(lambda: time.sleep(0.004), 0.1, lambda: None)
-    assert 0.004 <= t < 0.008
+@pytest.fixture
+def clock(monkeypatch):
+    """The benchmark's clock, advanced only by the calls it times (a loaded machine cannot stretch them):
+    returns the function that advances it."""
+    import types
+
+    import hybridpar.benchmarks.kernels as kernels
+
+    now = [0.0]
+    monkeypatch.setattr(kernels, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def advance(seconds: float) -> None:
+        now[0] += seconds
+    return advance
 
 
-def test_a_soak_times_the_calls_after_the_device_settled():
+def test_seconds_per_call_times_one_call(clock):
+    """A call that takes 4 ms is timed at 4 ms, over blocks of calls until the time asked for has passed."""
+    calls = []
+    t = seconds_per_call(lambda: (clock(0.004), calls.append(1)), 0.1, lambda: None)
+    assert t == pytest.approx(0.004) and 0.1 / 0.004 <= len(calls) <= 0.1 / 0.004 + 6
+
+
+def test_a_soak_times_the_calls_after_the_device_settled(clock):
     """A call that takes 6 ms for the first 0.15 s and 2 ms after (as a GPU's clock drops under
     its power limit, in reverse): timed over 0.6 s leaving out the first half, it is the later 2 ms."""
-    t0 = time.perf_counter()
-    call = lambda: time.sleep(0.006 if time.perf_counter() - t0 < 0.15 else 0.002)
-    t = seconds_per_call(call, 0.6, lambda: None, settle=0.5)
-    assert 0.002 <= t < 0.004
+    elapsed = [0.0]
+
+    def call():
+        step = 0.006 if elapsed[0] < 0.15 else 0.002
+        elapsed[0] += step
+        clock(step)
+
+    assert seconds_per_call(call, 0.6, lambda: None, settle=0.5) == pytest.approx(0.002)
 
 
 def test_matmul_rate_is_its_flops_over_its_time():
