@@ -187,38 +187,48 @@ def _rope(t, cos, sin):
     return torch.cat((rot * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
 
 
-def unfused_rows(device: str, dtype, seconds: float, seq: int = 2048, batch: int = 2, shapes=UNFUSED_SHAPES) -> list[dict]:
+def unfused_calls(device: str, dtype, seq: int, batch: int, heads: int, kv: int, d: int, ffn: int) -> dict:
+    """{"rope": call, "swiglu": call}: one forward and backward each of megatron-core's unfused RoPE (on the
+    Q and K views of a fused QKV output) and SwiGLU (on fc1's output), on fresh random tensors."""
     import torch
     import torch.nn.functional as F
+
+    group = heads // kv
+    mixed = torch.randn(seq, batch, kv, (group + 2) * d, device=device, dtype=dtype, requires_grad=True)
+    freqs = torch.randn(seq, 1, 1, d, device=device)
+    grads = [torch.randn(seq, batch, heads, d, device=device, dtype=dtype),
+             torch.randn(seq, batch, kv, d, device=device, dtype=dtype)]
+
+    def rope():
+        q = mixed[..., :group * d].reshape(seq, batch, heads, d)
+        k = mixed[..., group * d:(group + 1) * d]
+        cos, sin = torch.cos(freqs).to(dtype), torch.sin(freqs).to(dtype)
+        torch.autograd.backward([_rope(q, cos, sin), _rope(k, cos, sin)], grads)
+        mixed.grad = None
+
+    fc1 = torch.randn(seq * batch, 2 * ffn, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn(seq * batch, ffn, device=device, dtype=dtype)
+
+    def swiglu():
+        x_glu, x_linear = torch.chunk(fc1, 2, dim=-1)
+        (F.silu(x_glu) * (x_linear + 0.0)).backward(grad)
+        fc1.grad = None
+
+    return {"rope": rope, "swiglu": swiglu}
+
+
+def unfused_rows(device: str, dtype, seconds: float, seq: int = 2048, batch: int = 2, shapes=UNFUSED_SHAPES) -> list[dict]:
+    import torch
 
     from hybridpar.benchmarks.kernels import _synchronizer
     from hybridpar.topology.kernels import ROPE_UNFUSED_PASSES, SWIGLU_UNFUSED_PASSES
 
     sync, rows = _synchronizer(device), []
     for name, heads, kv, d, ffn in shapes:
-        group = heads // kv
-        mixed = torch.randn(seq, batch, kv, (group + 2) * d, device=device, dtype=dtype, requires_grad=True)
-        freqs = torch.randn(seq, 1, 1, d, device=device)
-        grads = [torch.randn(seq, batch, heads, d, device=device, dtype=dtype),
-                 torch.randn(seq, batch, kv, d, device=device, dtype=dtype)]
-
-        def rope():
-            q = mixed[..., :group * d].reshape(seq, batch, heads, d)
-            k = mixed[..., group * d:(group + 1) * d]
-            cos, sin = torch.cos(freqs).to(dtype), torch.sin(freqs).to(dtype)
-            torch.autograd.backward([_rope(q, cos, sin), _rope(k, cos, sin)], grads)
-            mixed.grad = None
-
-        fc1 = torch.randn(seq * batch, 2 * ffn, device=device, dtype=dtype, requires_grad=True)
-        grad = torch.randn(seq * batch, ffn, device=device, dtype=dtype)
-
-        def swiglu():
-            x_glu, x_linear = torch.chunk(fc1, 2, dim=-1)
-            (F.silu(x_glu) * (x_linear + 0.0)).backward(grad)
-            fc1.grad = None
-
-        for op, fn, elements, passes in (("rope", rope, seq * batch * (heads + kv) * d, ROPE_UNFUSED_PASSES),
-                                         ("swiglu", swiglu, seq * batch * ffn, SWIGLU_UNFUSED_PASSES)):
+        calls = unfused_calls(device, dtype, seq, batch, heads, kv, d, ffn)
+        for op, elements, passes in (("rope", seq * batch * (heads + kv) * d, ROPE_UNFUSED_PASSES),
+                                     ("swiglu", seq * batch * ffn, SWIGLU_UNFUSED_PASSES)):
+            fn = calls[op]
             t = seconds_per_call(fn, seconds, sync)
             moved = sum(passes) * elements * torch.empty((), dtype=dtype).element_size()
             row = {"shape": name, "op": op, "elements": elements, "bytes_counted": moved, "measured_s": t,

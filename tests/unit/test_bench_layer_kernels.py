@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from hybridpar.benchmarks.layer_kernels import UNFUSED_SHAPES, _rope, layer_gemm_shapes, unfused_rows
+from hybridpar.benchmarks.layer_kernels import UNFUSED_SHAPES, _rope, layer_gemm_shapes, unfused_calls, unfused_rows
 from hybridpar.topology.hardware import get_gpu
 from hybridpar.topology.kernels import (ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES, SWIGLU_UNFUSED_HBM, SWIGLU_UNFUSED_PASSES)
 
@@ -98,22 +98,4 @@ def test_the_benchmark_times_both_unfused_chains_on_cpu():
 
 def _count_benchmark_op(op: str, heads: int, kv: int, d: int, ffn: int, seq: int = 4) -> int:
     """Elements the benchmark's own RoPE or SwiGLU call moves at ``seq`` tokens (its ops as unfused_rows runs them)."""
-    group = heads // kv
-    if op == "rope":
-        mixed = torch.randn(seq, 1, kv, (group + 2) * d, requires_grad=True)
-        freqs = torch.randn(seq, 1, 1, d)
-        grads = [torch.randn(seq, 1, heads, d), torch.randn(seq, 1, kv, d)]
-
-        def call():
-            q = mixed[..., :group * d].reshape(seq, 1, heads, d)
-            k = mixed[..., group * d:(group + 1) * d]
-            cos, sin = torch.cos(freqs), torch.sin(freqs)
-            torch.autograd.backward([_rope(q, cos, sin), _rope(k, cos, sin)], grads)
-        return _moved(call)
-    fc1 = torch.randn(seq, 2 * ffn, requires_grad=True)
-    grad = torch.randn(seq, ffn)
-
-    def call():
-        x_glu, x_linear = torch.chunk(fc1, 2, dim=-1)
-        (F.silu(x_glu) * (x_linear + 0.0)).backward(grad)
-    return _moved(call)
+    return _moved(unfused_calls("cpu", torch.float32, seq, 1, heads, kv, d, ffn)[op])
