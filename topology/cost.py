@@ -33,10 +33,16 @@ from .software import CROSS_ENTROPY_KERNELS, GRAD_BUCKET_NUMEL, HYBRIDPAR, Softw
 from .stages import Stage, params_per_rank, stages
 
 
-def optimizer_step_bytes(sw: Software) -> int:
-    """HBM bytes of the Adam step per parameter of the optimizer shard: read and write the master
-    weights, momentum and variance (2 x 12 in fp32, 2 x 6 in bf16), read the gradient as fp32 (4),
-    write the 16-bit weight (2)."""
+def optimizer_step_bytes(sw: Software, zero_stage: int = 1, zero_group: int = 2) -> int:
+    """HBM bytes of the optimizer step per parameter of the optimizer shard: what the stack's step was
+    counted to move (Software.optimizer_step_bytes_counted), else a fused Adam's: read and write the
+    master weights, momentum and variance (2 x 12 in fp32, 2 x 6 in bf16), read the gradient as fp32
+    (4), write the 16-bit weight (2)."""
+    if sw.optimizer_step_bytes_counted is not None:
+        zero0_alone, sharded_alone, replicated = sw.optimizer_step_bytes_counted
+        if zero_group > 1:
+            return replicated
+        return zero0_alone if zero_stage == 0 else sharded_alone
     return 2 * sw.optimizer_state_bytes_per_param + 4 + 2
 
 
@@ -451,7 +457,7 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
     dp = _dp_time(plan, gpu, sw, n_params, fwd_mb, bwd_mb, fwd_mb + bwd_mb + tp_mb)
     tied = _tied_embedding_sync(plan, gpu, sw)
     shard = n_params / (plan.zero_group if plan.zero_stage >= 1 else 1)
-    optimizer = hbm_time(optimizer_step_bytes(sw) * shard, gpu)
+    optimizer = hbm_time(optimizer_step_bytes(sw, plan.zero_stage, plan.zero_group) * shard, gpu)
 
     step = n_mb * mb_total + bubble + dp + tied + optimizer
     flops = plan.global_batch * model_flops_per_seq(m, plan.seq_len)

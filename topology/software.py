@@ -87,7 +87,7 @@ class Software:
     # hp_grad.add_(lp.grad.to(hp_grad.dtype)), after every micro-batch's backward
     # (runtime/pipe/engine.py _exec_backward_pass; the same code since the optimizer was written
     # for BLOOM), and torch autograd with Tensor.grad_dtype = float32, which casts each incoming
-    # gradient first (hybridpar's runtime until 2026-11-30).
+    # gradient first.
     grad_accum_bytes_per_param: int = 0
     # Each pipeline send and receive is its own blocking call, so the four transfers a stage
     # makes per micro-batch (receive activation, send activation, receive gradient, send
@@ -183,6 +183,10 @@ class Software:
     # Rajbhandari et al. 2020); apex's DistributedFusedAdam keeps all three in its `dtype` (6 with
     # dtype bf16).
     optimizer_state_bytes_per_param: int = 12
+    # HBM bytes per parameter of the shard that the whole optimizer step moves, counted on the stack's own
+    # code (ZeRO-0 on one DP rank, ZeRO-1/2 on one DP rank, any stage over several DP ranks); None: a fused
+    # Adam's reads and writes of the state (cost.optimizer_step_bytes).
+    optimizer_step_bytes_counted: tuple[int, int, int] | None = None
     # Kernels one transformer layer launches per micro-batch, forward and backward (kernels.kernel_bound):
     # counted on megatron-core's layer as hybridpar builds it, every aten operation that is not a
     # view (tests/integration/test_kernel_count.py: 43 and 58 on CPU, whose RMSNorm is a
@@ -227,12 +231,22 @@ class Software:
 # per parameter of the shard: DeepSpeed's fp32 flat partition gradient (zero/stage_1_and_2.py step:
 # flat_grad_partition.to(fp32)) and torch's foreach AdamW's sqrt of the variance, a new tensor
 # (torch/optim/adam.py _multi_tensor_adam: exp_avg_sq_sqrt = torch._foreach_sqrt(...)).
+# The step itself moves far more than a fused Adam's 30 bytes per parameter: counted on CPU over every aten
+# operation of StageEngine.step() (hybridpar/observe/step_bytes.py, tests/integration/test_step_bytes.py) [M]:
+# 142 bytes per parameter of the shard over several DP ranks, of which torch's AdamW (unfused: weight decay,
+# both moments, the square root, its bias correction and epsilon, the update, one pass each) 84, DeepSpeed's
+# overflow check (amax, amin) 8 and gradient norm in fp64 (a cast, then the norm) 20, the clipping 8, the
+# copy into the bf16 weights 6, the hand-over of the reduced partition 16; on one DP rank DeepSpeed's own
+# reduction path runs in the step instead (bucket copies, pre-division, flattening, the partition's sum):
+# 174 at ZeRO-1/2, 158 at ZeRO-0 (its bf16 wrapper). On one H200 the AdamW kernels of `hybridpar bench gpu
+# --profile` took 23 ms for 1.07B parameters; 84 bytes each at the planner's 0.85 of HBM bandwidth are 22.
 # Its layers run megatron-core's unfused RoPE and SwiGLU (hybridpar/runtime/model.py: apply_rope_fusion and
 # bias_activation_fusion off, plain PyTorch paths); what they keep was measured tensor by tensor
 # (hybridpar/activation_audit.py, docs/planner.md "Memory truth").
 HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1, 2),
                      grad_accum_bytes_per_param=GRAD_ADD_MIXED, optimizer_temp_bytes_per_param=8,
-                     rope_fusion=False, swiglu_fusion=False, rope_copies_kept=True)
+                     rope_fusion=False, swiglu_fusion=False, rope_copies_kept=True,
+                     optimizer_step_bytes_counted=(158, 174, 142))
 # megatron-core / NeMo (and Llama 3's stack): the same layers, megatron-core's distributed
 # optimizer (a reduce-scatter of the gradients, overlapped with the last backward; the weight
 # all-gather with the next forward) and classic ZeRO-2. bf16 gradients accumulate and are reduced
@@ -247,7 +261,7 @@ HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1,
 # (megatron/training/arguments.py) [R]; NeMo 2 recipes set apply_rope_fusion and bias_activation_fusion [R].
 MEGATRON_CORE = replace(HYBRIDPAR, name="megatron-core", label="megatron-core", zero2_reduce_once=False, dp_inside_pp=True,
                         zero_stages=(0, 1, 2, 3), grad_accum_bytes_per_param=0, optimizer_temp_bytes_per_param=0,
-                        rope_fusion=True, swiglu_fusion=True, rope_copies_kept=False)
+                        rope_fusion=True, swiglu_fusion=True, rope_copies_kept=False, optimizer_step_bytes_counted=None)
 # NeMo 1 (the NeMo-Framework-Launcher YAML recipes of NVIDIA's dgxc-benchmarking 24.09-24.11: the
 # llama3.1_8b/70b/405b.yaml and nemotron4-15b/340b-synth.yaml files of its v24.11.1 tag [V]):
 # megatron-core layers under apex's DistributedFusedAdam ("optim: name: distributed_fused_adam",

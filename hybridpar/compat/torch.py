@@ -46,6 +46,8 @@ RELIES_ON = Reliance("torch", ("2.13.0", "2.14"), (
              "hybridpar.compat.cpu sends tensors created without a device to meta in strict device mode"),
     Internal("torch.utils._python_dispatch", "TorchDispatchMode",
              "hybridpar.observe.kernel_count counts the operations a layer runs", READ),
+    Internal("torch.utils._pytree", "tree_flatten",
+             "hybridpar.observe.step_bytes finds the tensors in an operation's nested arguments", READ),
 ))
 
 
@@ -55,6 +57,14 @@ def dispatch_mode_base() -> type:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     return TorchDispatchMode
+
+
+def tensor_leaves(value) -> list:
+    """The tensors anywhere inside ``value`` (nested lists, tuples and dicts of an operation's arguments)."""
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor)]
 
 
 def device_constructors() -> frozenset:

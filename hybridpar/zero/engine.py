@@ -53,11 +53,10 @@ micro-batch's gradient becomes ``p.grad`` and is cast to fp32 once (a post-accum
 registered before grad_sync's), every later one is added into that fp32 ``p.grad`` by autograd's
 in-place accumulation, which casts on the fly: 10 bytes of HBM traffic per parameter and
 micro-batch, as megatron's unfused ``main_grad.add_(grad)``, where ``grad_dtype = float32`` makes
-autograd materialise an fp32 copy of each gradient first (18 bytes; every parameter until
-2026-11-30, now only the embedding a one-stage model's output layer shares, whose two gradients
-per backward autograd would otherwise sum in bf16 before accumulating). No bf16 running sum;
-gradients that autograd computes in fp32, e.g. the RMSNorm weights', are no longer rounded to
-bf16 first; pipeline.py's model-parallel sums run in fp32). The price: 4 bytes per parameter for
+autograd materialise an fp32 copy of each gradient first (18 bytes; here only for the embedding a
+one-stage model's output layer shares, whose two gradients per backward autograd would otherwise
+sum in bf16 before accumulating). No bf16 running sum; gradients that autograd computes in fp32,
+e.g. the RMSNorm weights', are not rounded to bf16 first; pipeline.py's model-parallel sums run in fp32). The price: 4 bytes per parameter for
 the gradient during accumulation instead of 2 (megatron's ``main_grad`` costs the same). At the
 step boundary ZeRO 1/2 use DeepSpeed's own fp32 accumulation path (``gradient_accumulation_dtype``
 fp32, ``use_grad_accum_attribute``, switched on after DeepSpeed builds its ZeRO optimizer, whose
