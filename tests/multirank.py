@@ -30,6 +30,16 @@ def run_worker(worker: str, nproc: int, cfg: dict, out: Path, timeout: int) -> d
     return json.loads((out / "results.json").read_text())
 
 
+def run_probe(code: str, arg, timeout: int = 600):
+    """Run ``code`` in a fresh Python (its own process groups, none of the test process's) with ``arg``
+    as JSON in sys.argv[1]; return the JSON its last line of output prints."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
+    proc = subprocess.run([sys.executable, "-c", code, json.dumps(arg)], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
 def run_single_process_worker(worker: str, out: Path, timeout: int = 300) -> dict:
     """Run ``tests/workers/<worker> OUT.json`` as one plain process (a world of one); return its JSON."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")

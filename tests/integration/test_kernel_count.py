@@ -4,19 +4,14 @@ charges) are the operations megatron-core's layer as hybridpar builds it runs, c
 count is the code's, not the shape's). With TP the layer adds its collectives, one call each."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from multirank import run_probe
 
 from hybridpar.topology.models import PRESETS
 from hybridpar.topology.software import HYBRIDPAR
 
-ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import json, sys
 from dataclasses import replace
@@ -33,11 +28,7 @@ CASES = [(512, 1792, 8, 2, 1, 64), (1024, 3584, 16, 4, 1, 128), (512, 1792, 8, 2
 
 @pytest.fixture(scope="module")
 def counted():
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(CASES)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return run_probe(PROBE, CASES)
 
 
 def test_the_planners_count_is_the_layers(counted):

@@ -5,18 +5,12 @@ ZeRO-0, 1 and 2 on one DP rank and over several, as rank 0 of a fake world. Per 
 within 0.5 bytes (weight decay skips the norms' weights, so the per-parameter figures are not integers)."""
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from multirank import run_probe
 
 from hybridpar.topology.cost import optimizer_step_bytes
 from hybridpar.topology.software import HYBRIDPAR, MEGATRON_CORE
 
-ROOT = Path(__file__).resolve().parents[2]
 PROBE = """
 import json, sys
 from hybridpar.observe.step_bytes import optimizer_step_traffic
@@ -27,11 +21,7 @@ CASES = [(0, 1), (1, 1), (2, 1), (0, 2), (1, 2), (2, 2), (1, 4)]
 
 @pytest.fixture(scope="module")
 def counted():
-    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, "-c", PROBE, json.dumps(CASES)], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return {(zero, dp): (total, by_op) for zero, dp, total, by_op in json.loads(proc.stdout.strip().splitlines()[-1])}
+    return {(zero, dp): (total, by_op) for zero, dp, total, by_op in run_probe(PROBE, CASES)}
 
 
 def test_the_planners_step_bytes_are_the_runtimes(counted):
