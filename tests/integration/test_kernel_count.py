@@ -4,12 +4,9 @@ charges) are the operations megatron-core's layer as hybridpar builds it runs, c
 count is the code's, not the shape's). With TP the layer adds its collectives, one call each."""
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from multirank import run_probe
 
-from hybridpar.topology.models import PRESETS
 from hybridpar.topology.software import HYBRIDPAR
 
 PROBE = """
