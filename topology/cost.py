@@ -449,7 +449,7 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
     _, st, fwd_mb, bwd_mb, tp_mb, pp_mb = worst
     cp_mb = st.layers * lt.cp
     n_params = max(params_per_rank(plan, s) for s in stages(plan))
-    bwd_mb += hbm_time(sw.grad_accum_bytes_per_param * n_params, gpu)  # unfused fp32 accumulation
+    bwd_mb += hbm_time(sw.grad_accum_bytes_per_param * n_params, gpu, sw.grad_accum_hbm_efficiency)  # outside the GEMMs
     mb_total = fwd_mb + bwd_mb + tp_mb + cp_mb + pp_mb
     n_mb = plan.grad_accum
     bubble = (plan.pp - 1) / plan.vpp * mb_total

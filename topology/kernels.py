@@ -74,6 +74,14 @@ SWIGLU_UNFUSED_PASSES = (7, 13)
 # assumed for the other GPUs [S, measured kernel table].
 ROPE_UNFUSED_HBM = 0.41
 SWIGLU_UNFUSED_HBM = 0.56
+# An in-place add of a 16-bit gradient into an fp32 buffer (software.GRAD_ADD_MIXED: autograd's accumulation
+# into hybridpar's fp32 .grad, Megatron-LM 2021's main_grad.add_(grad)): mixed dtypes send PyTorch's
+# elementwise add to its unrolled kernel that casts each load (unrolled_elementwise_kernel with
+# CUDAFunctor_add<float>), not the vectorized one. Measured on one H200 in the kernel profile of `hybridpar
+# bench gpu --profile 2` (benchmarks/results/h200/gpu.json, top_kernels): 984 calls a step, 8 per
+# parameter tensor of the 1.075B model, 28.4 ms: 10 bytes each of 1.075B parameters 8 times over 28.4 ms
+# is 3.0 TB/s, 0.63 of peak HBM bandwidth. One card; assumed for the other GPUs [M].
+MIXED_ADD_HBM = 0.63
 # Per kernel: the boundary between two kernels on a stream (the last blocks drain, the next
 # kernel's first blocks start), measured as the time of a minimal kernel inside a replayed CUDA
 # graph, 1.28 us, and the host's cost of issuing one operation from Python in eager PyTorch, 4.2 us

@@ -27,10 +27,10 @@ def test_llama3_405b_best_plan_is_meta_layout_or_faster(llama_16k):
     pinned = search(Request(LLAMA, 16384, 2048, 8192, pins=pins)).plans[0]
     assert pinned.fits
     # The values docs/planner.md and README state: TP8 CP2 PP16 VPP8 DP64, micro-batch 1, ZeRO-1,
-    # no recomputation, 6.48 s; Meta's layout (with full recomputation) 8.34 s, 29% slower.
+    # no recomputation, 6.61 s; Meta's layout (with full recomputation) 8.40 s, 27% slower.
     p = best.plan
     assert (p.tp, p.cp, p.pp, p.vpp, p.dp, p.micro_batch, p.zero_stage, p.recompute) == (8, 2, 16, 8, 64, 1, 1, "none")
-    assert round(best.cost.step_time_s, 2) == 6.48 and round(pinned.cost.step_time_s, 2) == 8.34
+    assert round(best.cost.step_time_s, 2) == 6.61 and round(pinned.cost.step_time_s, 2) == 8.40
     # The search ranks what pinned evaluation gives: the best layout, pinned, costs the same.
     again = search(Request(LLAMA, 16384, 2048, 8192, pins={a: getattr(p, a) for a in ("tp", "cp", "pp", "dp")})).plans[0]
     assert again.cost.step_time_s == pytest.approx(best.cost.step_time_s, rel=1e-12)
@@ -48,7 +48,7 @@ def test_llama3_405b_best_plan_is_meta_layout_or_faster(llama_16k):
     layout = lambda e: (e.plan.tp, e.plan.cp, e.plan.pp, e.plan.dp)
     assert layout(core) == (4, 4, 16, 64) and dp_ranks_per_node(core.plan, MEGATRON_CORE) == 2
     unfused = replace(MEGATRON_CORE, grad_accum_bytes_per_param=HYBRIDPAR.grad_accum_bytes_per_param,
-                      dp_inside_pp=False, rope_fusion=False, swiglu_fusion=False)
+                      grad_accum_hbm_efficiency=HYBRIDPAR.grad_accum_hbm_efficiency, dp_inside_pp=False, rope_fusion=False, swiglu_fusion=False)
     core_unfused = search(Request(LLAMA, 16384, 2048, 8192, software=unfused)).plans[0]
     assert core_unfused.cost.step_time_s == pytest.approx(best.cost.step_time_s, rel=0.03)
     # Meta's layout under megatron-core: ZeRO-1 fits only with full recomputation; classic ZeRO-2
