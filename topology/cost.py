@@ -33,7 +33,7 @@ from .software import CROSS_ENTROPY_KERNELS, GRAD_BUCKET_NUMEL, HYBRIDPAR, Softw
 from .stages import Stage, params_per_rank, stages
 
 
-def optimizer_step_bytes(sw: Software, zero_stage: int = 1, zero_group: int = 2) -> int:
+def optimizer_step_bytes(sw: Software, zero_stage: int, zero_group: int) -> int:
     """HBM bytes of the optimizer step per parameter of the optimizer shard: what the stack's step was
     counted to move (Software.optimizer_step_bytes_counted), else a fused Adam's: read and write the
     master weights, momentum and variance (2 x 12 in fp32, 2 x 6 in bf16), read the gradient as fp32

@@ -17,6 +17,7 @@ import os
 from dataclasses import replace
 
 import torch
+
 from hybridpar.compat.torch import dispatch_mode_base, tensor_leaves
 from hybridpar.observe.kernel_count import NO_KERNEL
 
@@ -74,8 +75,8 @@ def optimizer_step_traffic(zero_stage: int, dp: int, steps: int = 3) -> tuple[fl
         mesh = Mesh.build(RankLayout(tp=1, cp=1, pp=1, dp=dp))
         try:
             chunks = build_model(spec, mesh, ModelOptions(seq_len=seq_len, dtype=torch.bfloat16))
-            engine = StageEngine(chunks, mesh, OptimConfig(total_steps=steps), zero_stage=zero_stage, micro_batch=1, grad_accum=2,
-                                 bf16=True)
+            engine = StageEngine(chunks, mesh, OptimConfig(total_steps=steps), zero_stage=zero_stage,
+                                 micro_batch=1, grad_accum=2, bf16=True)
             model = chunks[0]
             model.train()
             tokens = torch.randint(0, spec.vocab, (1, seq_len))
@@ -93,4 +94,3 @@ def optimizer_step_traffic(zero_stage: int, dp: int, steps: int = 3) -> tuple[fl
             return counter.total / shard, {op: b / shard for op, b in counter.by_op.items()}
         finally:
             mesh.destroy()
-

@@ -56,11 +56,12 @@ micro-batch, as megatron's unfused ``main_grad.add_(grad)``, where ``grad_dtype 
 autograd materialise an fp32 copy of each gradient first (18 bytes; here only for the embedding a
 one-stage model's output layer shares, whose two gradients per backward autograd would otherwise
 sum in bf16 before accumulating). No bf16 running sum; gradients that autograd computes in fp32,
-e.g. the RMSNorm weights', are not rounded to bf16 first; pipeline.py's model-parallel sums run in fp32). The price: 4 bytes per parameter for
-the gradient during accumulation instead of 2 (megatron's ``main_grad`` costs the same). At the
-step boundary ZeRO 1/2 use DeepSpeed's own fp32 accumulation path (``gradient_accumulation_dtype``
-fp32, ``use_grad_accum_attribute``, switched on after DeepSpeed builds its ZeRO optimizer, whose
-per-parameter hooks are removed): the fp32 ``p.grad`` is handed over as ``p.grad_accum``, copied
+e.g. the RMSNorm weights', are not rounded to bf16 first; pipeline.py's model-parallel sums run in
+fp32). The price: 4 bytes per parameter for the gradient during accumulation instead of 2
+(megatron's ``main_grad`` costs the same). At the step boundary ZeRO 1/2 use DeepSpeed's own fp32
+accumulation path (``gradient_accumulation_dtype`` fp32, ``use_grad_accum_attribute``, switched on
+after DeepSpeed builds its ZeRO optimizer, whose per-parameter hooks are removed): the fp32
+``p.grad`` is handed over as ``p.grad_accum``, copied
 into an fp32 bucket, reduced to its owner in fp32 (``communication_data_type``) and added into an
 fp32 gradient partition that feeds the norm, the clipping and the fp32 master step: no bf16
 rounding of the summed gradient anywhere (tests/integration/test_bf16.py). DeepSpeed's config option

@@ -217,7 +217,7 @@ def test_nemo_distributed_fused_adam_holds_bf16_gradients_and_its_state_in_its_d
         pytest.approx(2e9), pytest.approx(2e9), pytest.approx(12e9 / 8))
     bf16_state = replace(nemo, optimizer_state_bytes_per_param=6)
     assert model_state_bytes(1e9, 8, 1, optimizer_bytes=6)[2] == pytest.approx(6e9 / 8)
-    assert optimizer_step_bytes(MEGATRON_CORE) == 30 and optimizer_step_bytes(bf16_state) == 18
+    assert optimizer_step_bytes(MEGATRON_CORE, 1, 8) == 30 and optimizer_step_bytes(bf16_state, 1, 8) == 18
 
 
 def test_deepspeed_pipeline_gradients_as_each_optimizer_holds_them():
