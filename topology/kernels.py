@@ -79,8 +79,10 @@ SWIGLU_UNFUSED_HBM = 0.56
 # elementwise add to its unrolled kernel that casts each load (unrolled_elementwise_kernel with
 # CUDAFunctor_add<float>), not the vectorized one. Measured on one H200 in the kernel profile of `hybridpar
 # bench gpu --profile 2` (benchmarks/results/h200/gpu.json, top_kernels): 984 calls a step, 8 per
-# parameter tensor of the 1.075B model, 28.4 ms: 10 bytes each of 1.075B parameters 8 times over 28.4 ms
-# is 3.0 TB/s, 0.63 of peak HBM bandwidth. One card; assumed for the other GPUs [M].
+# parameter tensor of the 1.075B model, 28.4 ms. The runtime adds on 7 of the 8 micro-batches (the first
+# gradient is cast; counted on CPU), so the eighth is another add the same kernel runs: as 8 adds of 10
+# bytes per parameter, 3.0 TB/s, 0.63 of peak HBM bandwidth; as 7 and the step's fp32 partition sum (12
+# bytes), 0.65. The lower is kept. One card; assumed for the other GPUs [M].
 MIXED_ADD_HBM = 0.63
 # Per kernel: the boundary between two kernels on a stream (the last blocks drain, the next
 # kernel's first blocks start), measured as the time of a minimal kernel inside a replayed CUDA
