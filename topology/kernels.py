@@ -60,7 +60,7 @@ FLASH_BACKWARD_RATIO = 2.5
 ATTENTION_KERNEL_SLOWDOWN = {"flash2": (1.0, 1.0), "triton": (1.4, 2.0)}
 # Unfused RoPE and SwiGLU as megatron-core 0.16.1 runs them without fusion: elements read plus written per
 # element of their input (RoPE: of Q and K; SwiGLU: of the activated width F), forward and backward, counted
-# by a dispatch mode over every aten operation (tests/unit/test_bench_layer_kernels.py). RoPE
+# by hybridpar's TrafficCounter (hybridpar/observe/step_bytes.py; tests/unit/test_bench_layer_kernels.py). RoPE
 # (rope_utils.py _apply_rotary_pos_emb_bshd): t * cos, -x2, cat(-x2, x1), * sin, the add, the final cat with
 # the empty pass-through part; backward adds the two paths and joins the halves. SwiGLU (mlp.py glu): silu,
 # x_linear + glu_linear_offset, the product; backward the product's two gradients, silu's, the halves
@@ -69,10 +69,11 @@ ROPE_UNFUSED_PASSES = (12, 14)
 SWIGLU_UNFUSED_PASSES = (7, 13)
 # Their kernels run on strided halves and broadcast cos/sin tables, below streaming rate: measured on one
 # H200 as the bytes the benchmark's own operations move over the kernels' time (`hybridpar bench
-# layer_kernels`, benchmarks/results/h200/layer_kernels.json "unfused", three layer shapes each): RoPE 0.34,
-# 0.41 and 0.41 of peak HBM bandwidth, SwiGLU 0.55, 0.56 and 0.58 (a contiguous add: 0.92). The medians,
-# assumed for the other GPUs [S, measured kernel table].
-ROPE_UNFUSED_HBM = 0.41
+# layer_kernels`, benchmarks/results/h200/layer_kernels.json "unfused", three layer shapes each; bytes
+# counted as for the passes, the reshape's _unsafe_view moving nothing): RoPE 0.34, 0.39 and 0.40 of peak
+# HBM bandwidth, SwiGLU 0.55, 0.56 and 0.58 (a contiguous add: 0.92). The medians, assumed for the other
+# GPUs [S, measured kernel table].
+ROPE_UNFUSED_HBM = 0.39
 SWIGLU_UNFUSED_HBM = 0.56
 # An in-place add of a 16-bit gradient into an fp32 buffer (software.GRAD_ADD_MIXED: autograd's accumulation
 # into hybridpar's fp32 .grad, Megatron-LM 2021's main_grad.add_(grad)): mixed dtypes send PyTorch's

@@ -387,7 +387,17 @@ FSDP_CAST_TO_FP32 = 6
 # counted (fp32_flat_shards).
 # Only FULL_SHARD is modelled: without no_sync, NO_SHARD all-reduces and SHARD_GRAD_OP gathers again every
 # micro-batch, which the ZeRO-0/2 step costs do not describe.
-_PYTORCH_FSDP = replace(MEGATRON_CORE, zero_stages=(3,), optimizer_temp_bytes_per_param=0, fp32_flat_shards=True)
+# Its optimizer step, per fp32 parameter of the shard [M]: llm-foundry's pretraining YAMLs (mpt-*.yaml, which its
+# benchmarking/submit_benchmarks.py keeps but for the batch, precision and FSDP fields) run Composer's
+# DecoupledAdamW at weight_decay 0 and its GradientClipping at norm 1.0. DecoupledAdamW.adamw
+# (composer/optim/decoupled_weight_decay.py) is one unfused op per term: mul_ and add_ for the momentum, mul_
+# and addcmul_ for the variance, sqrt, a division and add_ for the denominator, addcdiv_ for the update: 84
+# bytes; FullyShardedDataParallel.clip_grad_norm_ reads the shard for its fp32 norm and multiplies it in place
+# by the clamped coefficient: 12. tests/unit/test_planner_fsdp_step_bytes.py counts the sequence with
+# hybridpar's TrafficCounter.
+FSDP_COMPOSER_STEP_BYTES = 84 + 12
+_PYTORCH_FSDP = replace(MEGATRON_CORE, zero_stages=(3,), optimizer_temp_bytes_per_param=0, fp32_flat_shards=True,
+                        optimizer_step_bytes_counted=(FSDP_COMPOSER_STEP_BYTES,) * 3)
 # Reduction in bf16: Composer's PURE mode (param, reduce and buffer dtypes bf16), and its DEFAULT mode up to
 # Composer 0.16.3, which set param_dtype and buffer_dtype only, so that FSDP infers reduce_dtype = param_dtype
 # (flat_param.py _init_param_reduce_dtypes, "infer gradient reduction mixed precision"): the flat gradient

@@ -8,34 +8,21 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from hybridpar.benchmarks.layer_kernels import UNFUSED_SHAPES, _rope, layer_gemm_shapes, unfused_calls, unfused_rows
+from hybridpar.observe.step_bytes import TrafficCounter
 from hybridpar.topology.hardware import get_gpu
 from hybridpar.topology.kernels import (ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES, SWIGLU_UNFUSED_HBM, SWIGLU_UNFUSED_PASSES)
 
 H200_TABLE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "h200" / "layer_kernels.json"
 
 
-class ElementsMoved(TorchDispatchMode):
-    """Elements read plus written by every operation that runs a kernel (views move nothing)."""
-
-    def __init__(self):
-        super().__init__()
-        self.elements = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if not func.is_view and func.overloadpacket.__name__ not in ("randn", "randn_like", "detach"):
-            self.elements += sum(t.numel() for t in tree_flatten((args, kwargs, out))[0] if isinstance(t, torch.Tensor))
-        return out
-
-
-def _moved(fn) -> int:
-    with ElementsMoved() as count:
+def _moved(fn) -> float:
+    """Elements read plus written by every operation of ``fn`` that runs a kernel (hybridpar's TrafficCounter,
+    the optimizer-step count's: views and allocations move nothing), on float32 tensors."""
+    with TrafficCounter() as count:
         fn()
-    return count.elements
+    return count.total / 4
 
 
 def test_layer_gemm_shapes_are_the_planners():
