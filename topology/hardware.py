@@ -92,7 +92,10 @@ _A100 = dict(bf16_tflops=312.0, fp8_tflops=None, nvlink_gbps=300.0, network_gbps
 # all 8 GPUs of a node running matmuls (mamf-finder-all-gpus.py, 5 rounds, n = 40), H200 bf16 -
 # the same GH100 at the same 700 W - sustains 698.6 TFLOP/s where its burst reaches 823.9, SM
 # clocks 1405-1527 MHz against the 1980 MHz boost: 0.848 (ml-engineering,
-# compute/accelerator/benchmarks/README.md, "What we measured: alone vs all-8 concurrent") [S].
+# compute/accelerator/benchmarks/README.md, "What we measured: alone vs all-8 concurrent") [S]. A later
+# revision of that README reports another H200 node at 755.5 of 852.1 (0.887, clocks 1850-1938 MHz, its GPUs
+# 3.4% apart): the sustained rate differs from node to node (4.6% between these two), and a synchronous job runs
+# at its slowest GPU's, so the lower node's figure is kept.
 # FlashAttention on H100: FA2 reaches ~35-40% of peak, FA3 ~75% (Shah et al. 2024) [S]: 0.5 assumed.
 # Host link (H100, and H200/H800 SXM, which share the board interface): PCIe Gen5 x16, 128 GB/s
 # bidirectional = 64 per direction (NVIDIA H100/H200 SXM datasheets) [S].
