@@ -10,8 +10,8 @@ import torch
 
 from hybridpar.observe.step_bytes import TrafficCounter
 from hybridpar.topology.cost import optimizer_step_bytes
-from hybridpar.topology.software import (FSDP_COMPOSER_STEP_BYTES, PYTORCH_FSDP, PYTORCH_FSDP_FP32_REDUCE,
-                                         MEGATRON_CORE)
+from hybridpar.topology.software import (FSDP_COMPOSER_STEP_BYTES, MEGATRON_CORE, PYTORCH_FSDP,
+                                         PYTORCH_FSDP_FP32_REDUCE)
 
 NUMEL = 1 << 16
 
