@@ -1,6 +1,6 @@
 """benchmarks/layer_kernels.py on CPU: the layer GEMM shapes are the planner's, and the unfused RoPE and SwiGLU
 it times (as megatron-core 0.16.1 runs them) move the elements per element that topology/kernels.py charges,
-counted by a dispatch mode over every aten operation the autograd graph runs (the GPU timings need a GPU:
+counted by hybridpar's TrafficCounter over every aten operation the autograd graph runs (the GPU timings need a GPU:
 benchmarks/results/h200/layer_kernels.json, docs/benchmarks.md "layer_kernels")."""
 import json
 from pathlib import Path
