@@ -91,9 +91,6 @@ class Software:
     # for BLOOM), and torch autograd with Tensor.grad_dtype = float32, which casts each incoming
     # gradient first.
     grad_accum_bytes_per_param: int = 0
-    # The share of peak HBM bandwidth that accumulation runs at: kernels.MIXED_ADD_HBM for GRAD_ADD_MIXED's
-    # one add across dtypes, streaming rate for the others (a cast, then adds of equal dtypes).
-    grad_accum_hbm_efficiency: float = HBM_EFFICIENCY
     # Each pipeline send and receive is its own blocking call, so the four transfers a stage
     # makes per micro-batch (receive activation, send activation, receive gradient, send
     # gradient) run one after another instead of as two paired send+receive exchanges
@@ -219,6 +216,12 @@ class Software:
     # does not set userbuffers up.
     tp_comm_overlap: bool = False
 
+    @property
+    def grad_accum_hbm_efficiency(self) -> float:
+        """The share of peak HBM bandwidth the accumulation runs at: kernels.MIXED_ADD_HBM for GRAD_ADD_MIXED's
+        one add across dtypes, streaming rate for the others (a cast, then adds of equal dtypes)."""
+        return MIXED_ADD_HBM if self.grad_accum_bytes_per_param == GRAD_ADD_MIXED else HBM_EFFICIENCY
+
 
 # hybridpar's runtime: megatron-core's layers and schedules, DeepSpeed ZeRO on the DP axis. The
 # gradients are reduced in buckets issued from the last backward (grad_sync.py, megatron's
@@ -249,8 +252,7 @@ class Software:
 # bias_activation_fusion off, plain PyTorch paths); what they keep was measured tensor by tensor
 # (hybridpar/activation_audit.py, docs/planner.md "Memory truth").
 HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1, 2),
-                     grad_accum_bytes_per_param=GRAD_ADD_MIXED, grad_accum_hbm_efficiency=MIXED_ADD_HBM,
-                     optimizer_temp_bytes_per_param=8,
+                     grad_accum_bytes_per_param=GRAD_ADD_MIXED, optimizer_temp_bytes_per_param=8,
                      rope_fusion=False, swiglu_fusion=False, rope_copies_kept=True,
                      optimizer_step_bytes_counted=(158, 174, 142))
 # megatron-core / NeMo (and Llama 3's stack): the same layers, megatron-core's distributed
@@ -266,8 +268,7 @@ HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1,
 # Its RoPE and SwiGLU are fused: Megatron-LM turns both on unless --no-rope-fusion / --no-bias-swiglu-fusion
 # (megatron/training/arguments.py) [R]; NeMo 2 recipes set apply_rope_fusion and bias_activation_fusion [R].
 MEGATRON_CORE = replace(HYBRIDPAR, name="megatron-core", label="megatron-core", zero2_reduce_once=False, dp_inside_pp=True,
-                        zero_stages=(0, 1, 2, 3), grad_accum_bytes_per_param=0, grad_accum_hbm_efficiency=HBM_EFFICIENCY,
-                        optimizer_temp_bytes_per_param=0,
+                        zero_stages=(0, 1, 2, 3), grad_accum_bytes_per_param=0, optimizer_temp_bytes_per_param=0,
                         rope_fusion=True, swiglu_fusion=True, rope_copies_kept=False, optimizer_step_bytes_counted=None)
 # NeMo 1 (the NeMo-Framework-Launcher YAML recipes of NVIDIA's dgxc-benchmarking 24.09-24.11: the
 # llama3.1_8b/70b/405b.yaml and nemotron4-15b/340b-synth.yaml files of its v24.11.1 tag [V]):
@@ -309,8 +310,7 @@ MEGATRON_2021_RESERVE = 0.272
 MEGATRON_2021 = Software(name="megatron-lm-2021", label="Megatron-LM 2021", sequence_parallel=False, zero_stages=(0,), dp_inside_pp=True,
                          recompute_modes=("none", "full"), rotary=False,
                          flash_attention=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
-                         overlap_p2p=False, grad_accum_bytes_per_param=GRAD_ADD_MIXED, grad_accum_hbm_efficiency=MIXED_ADD_HBM,
-                         tp_bwd_overlap=False, p2p_scatter_gather=True,
+                         overlap_p2p=False, grad_accum_bytes_per_param=GRAD_ADD_MIXED, tp_bwd_overlap=False, p2p_scatter_gather=True,
                          eager_module_loading=True, allocator_reserve=MEGATRON_2021_RESERVE)
 # Megatron-LM 2022 (Korthikanti et al. 2022, "Reducing Activation Recomputation"): the 2021 layers
 # with sequence parallelism and selective recomputation (the attention core again in backward), still
@@ -320,14 +320,14 @@ MEGATRON_2021 = Software(name="megatron-lm-2021", label="Megatron-LM 2021", sequ
 # the pipeline flush (its overlap came in 2023).
 MEGATRON_2022 = replace(MEGATRON_2021, name="megatron-lm-2022", label="Megatron-LM 2022", sequence_parallel=True,
                         recompute_modes=("none", "selective", "full"), zero_stages=(0, 1), tp_bwd_overlap=True,
-                        grad_accum_bytes_per_param=0, grad_accum_hbm_efficiency=HBM_EFFICIENCY)
+                        grad_accum_bytes_per_param=0)
 # The same code with --DDP-impl torch (examples/sc21/run_table_1.sh for the 1.7B-18B rows of
 # Narayanan et al.'s Table 1): torch's DistributedDataParallel all-reduces the fp16 gradients in
 # buckets as the last micro-batch's backward produces them (megatron's schedules run the others
 # under model.no_sync()), and autograd accumulates them in the fp16 .grad; no fp32 main grad.
 MEGATRON_2021_TORCH_DDP = replace(MEGATRON_2021, name="megatron-lm-2021-torch-ddp",
                                   label="Megatron-LM 2021 with torch DDP", overlap_grad_reduce=True,
-                                  grad_accum_bytes_per_param=GRAD_ADD_16BIT, grad_accum_hbm_efficiency=HBM_EFFICIENCY)
+                                  grad_accum_bytes_per_param=GRAD_ADD_16BIT)
 # BLOOM's Megatron-DeepSpeed (bigscience tr11-176B-ml): the 2021 Megatron layers driven by
 # DeepSpeed's PipelineEngine and BF16_Optimizer, which "accumulates grads in fp32. It doesn't shard
 # the static fp32 buffer" (formulas.md §3) and all-reduces those fp32 gradients.
@@ -340,7 +340,7 @@ MEGATRON_2021_TORCH_DDP = replace(MEGATRON_2021, name="megatron-lm-2021-torch-dd
 # TrainSchedule.num_pipe_buffers = stages - stage_id); DeepSpeed's FusedAdam steps in place; the
 # bf16 .grad copies stay beside the fp32 buffer (keeps_16bit_grads).
 _DEEPSPEED_PIPE = replace(MEGATRON_2021, zero_stages=(0, 1), blocking_p2p=True, pipeline_output_buffers=True,
-                          allocator_reserve=DEEPSPEED_PIPE_RESERVE, grad_accum_hbm_efficiency=HBM_EFFICIENCY)
+                          allocator_reserve=DEEPSPEED_PIPE_RESERVE)
 DEEPSPEED_BF16_PIPE = replace(_DEEPSPEED_PIPE, name="deepspeed-pipe-bf16",
                               label="DeepSpeed's pipeline engine with BF16_Optimizer", fp32_grads=True,
                               full_grad_allreduce=True, grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY,
