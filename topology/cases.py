@@ -31,7 +31,8 @@ CASES_PATH = DATA / "public_cases.json"
 # MosaicML's), "attention_fraction"
 # (FlashAttention-2's rate on the run's GPU where the catalogue's is another kernel's: 0.35 on H100,
 # FlashAttention-3 paper), "tp_comm_overlap" (true where the run's recipe set up Transformer Engine's
-# userbuffers: NeMo's ub_tp_comm_overlap, megatron-core's --tp-comm-overlap), "reported_memory_gb" (the
+# userbuffers: NeMo's ub_tp_comm_overlap, megatron-core's --tp-comm-overlap), "norm_fusion" (false where the
+# run's RMSNorm was PyTorch operations: torchtitan's norm_type rmsnorm), "reported_memory_gb" (the
 # run's published peak), "sweep" (layouts of one model on one cluster, ranked against each other) and
 # "stack" (the software family that ran it, case_stack); docs/planner.md gives their provenance.
 VALIDATION_PATH = DATA / "validation_runs.json"
@@ -106,7 +107,8 @@ def _profile(case: dict) -> Software:
                        attention_kernel=case.get("attention_kernel", sw.attention_kernel),
                        cross_entropy=case.get("cross_entropy", sw.cross_entropy),
                        attention_fraction=case.get("attention_fraction", sw.attention_fraction),
-                       tp_comm_overlap=case.get("tp_comm_overlap", sw.tp_comm_overlap))
+                       tp_comm_overlap=case.get("tp_comm_overlap", sw.tp_comm_overlap),
+                       norm_fusion=case.get("norm_fusion", sw.norm_fusion))
     if case["id"].startswith("llama3"):
         # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2, as megatron-core's
         # profile); FlashAttention-2 on H100 reaches "only 35% utilization" (FlashAttention-3 paper,

@@ -22,7 +22,8 @@ from math import ceil
 
 from .flops import causal_attention_flops, model_flops_per_seq
 from .hardware import GPU, get_gpu
-from .kernels import (ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES,
+from .kernels import (ATTENTION_KERNEL_SLOWDOWN, COMPLEX_ROPE_BYTES, EAGER_RMSNORM_BYTES, FLASH_BACKWARD_RATIO,
+                      REPEAT_KV_BYTES, REPEAT_KV_SOURCE_BWD_BYTES, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES, SEPARATE_SWIGLU_BYTES,
                       SWIGLU_UNFUSED_HBM, SWIGLU_UNFUSED_PASSES, attention_shape_factor, gemm_fwd_bwd, gemm_time,
                       hbm_time, kernel_bound, unfused_time)
 from .links import (allreduce_time, collective_time, dp_link_gbps, dp_ranks_per_node, group_nodes, link_time,
@@ -119,6 +120,23 @@ def ub_pipeline(scatter_s: float, chunk_gemm_s: float) -> float:
     return chunk_gemm_s + (UB_RS_SPLITS - 1) * max(chunk_gemm_s, step) + step
 
 
+def eager_layer_bytes(m: ModelSpec, sw: Software, tp: int, sp: bool) -> tuple[float, float]:
+    """HBM bytes per token of one layer's elementwise chains written as eager PyTorch operations
+    (software.Software.norm_fusion and the fields after it), forward and backward, at streaming rate: their
+    operands are contiguous, unlike megatron's strided halves [assumed, not timed]."""
+    h, kv, f = m.hidden, m.kv_heads * m.head_dim, m.ffn_hidden
+    chains = []  # (elements per token, (forward, backward) bytes per element)
+    if not sw.norm_fusion:
+        chains.append((2 * h / (tp if sp else 1), EAGER_RMSNORM_BYTES))
+    if sw.rotary and not sw.rope_fusion and sw.rope_style == "complex":
+        chains.append(((h + kv) / tp, COMPLEX_ROPE_BYTES))
+    if sw.kv_heads_repeated and m.kv_heads < m.heads:
+        chains += [(2 * h / tp, REPEAT_KV_BYTES), (2 * kv / tp, (0, REPEAT_KV_SOURCE_BWD_BYTES))]
+    if m.mlp == "swiglu" and not sw.swiglu_fusion and sw.swiglu_separate_projections:
+        chains.append((f / tp, SEPARATE_SWIGLU_BYTES))
+    return (sum(n * fb[0] for n, fb in chains), sum(n * fb[1] for n, fb in chains))
+
+
 @lru_cache(maxsize=None)
 def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: int, cp: int,
                sp: bool, recompute: str, sw: Software, gpus_per_node: int) -> LayerTime:
@@ -160,7 +178,7 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     # Norms (2 x read+write h) and residual adds (2 x 2 reads + 1 write), 2 bytes each, split
     # over TP only with sequence parallelism; activation function on the TP-split intermediate.
     mask = 1 if sw.dropout else 0
-    hidden_bytes = (2 * 2 * 2 + 2 * 3 * 2 + 2 * mask) * h
+    hidden_bytes = ((2 * 2 * 2 if sw.norm_fusion else 0) + 2 * 3 * 2 + 2 * mask) * h
     swiglu_unfused = m.mlp == "swiglu" and not sw.swiglu_fusion
     rope_unfused = sw.rotary and not sw.rope_fusion
     act_bytes = 0.0 if swiglu_unfused else (3 if m.mlp == "swiglu" else 2) * 2 * f / tp
@@ -169,11 +187,15 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     ew = tokens * (hidden_bytes / (tp if sp else 1) + act_bytes + rope_bytes)
     fwd += hbm_time(ew, gpu)
     bwd += hbm_time(2 * ew, gpu)
-    for unfused, elements, passes, efficiency in ((rope_unfused, (h + kv) / tp, ROPE_UNFUSED_PASSES, ROPE_UNFUSED_HBM),
-                                                  (swiglu_unfused, f / tp, SWIGLU_UNFUSED_PASSES, SWIGLU_UNFUSED_HBM)):
+    halves = sw.rope_style == "rotate-half"
+    for unfused, elements, passes, efficiency in (
+            (rope_unfused and halves, (h + kv) / tp, ROPE_UNFUSED_PASSES, ROPE_UNFUSED_HBM),
+            (swiglu_unfused and not sw.swiglu_separate_projections, f / tp, SWIGLU_UNFUSED_PASSES, SWIGLU_UNFUSED_HBM)):
         if unfused:  # op by op, at the measured rate of kernels on strided halves (kernels.py)
             f_s, b_s = unfused_time(tokens * elements, passes, efficiency, gpu)
             fwd, bwd = fwd + f_s, bwd + b_s
+    f_b, b_b = eager_layer_bytes(m, sw, tp, sp)
+    fwd, bwd = fwd + hbm_time(tokens * f_b, gpu), bwd + hbm_time(tokens * b_b, gpu)
     fwd = kernel_bound(fwd, sw.kernels_per_layer[0], sw.launch_blocking)
     bwd = kernel_bound(bwd, sw.kernels_per_layer[1], sw.launch_blocking)
     if recompute == "full":
@@ -450,6 +472,9 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
     cp_mb = st.layers * lt.cp
     n_params = max(params_per_rank(plan, s) for s in stages(plan))
     bwd_mb += hbm_time(sw.grad_accum_bytes_per_param * n_params, gpu, sw.grad_accum_hbm_efficiency)  # outside the GEMMs
+    if plan.zero_stage == 3:  # each micro-batch gathers every layer for its forward and again for its backward
+        copy_out = hbm_time(sw.gather_copy_out_bytes_per_param * n_params, gpu)
+        fwd_mb, bwd_mb = fwd_mb + copy_out, bwd_mb + copy_out
     mb_total = fwd_mb + bwd_mb + tp_mb + cp_mb + pp_mb
     n_mb = plan.grad_accum
     bubble = (plan.pp - 1) / plan.vpp * mb_total

@@ -75,6 +75,21 @@ SWIGLU_UNFUSED_PASSES = (7, 13)
 # GPUs [S, measured kernel table].
 ROPE_UNFUSED_HBM = 0.39
 SWIGLU_UNFUSED_HBM = 0.56
+# torchtitan's eager Llama layer (pytorch/torchtitan 1ea476e9f, torchtitan/models/llama/model.py and norms.py;
+# software.TORCHTITAN_2024): HBM bytes per element, forward and backward, of each chain it writes as PyTorch
+# operations, counted by hybridpar's TrafficCounter over every aten operation the autograd graph runs
+# (tests/unit/test_planner_torchtitan_ops.py). Per element of: the normalised activation (RMSNorm: x.float(),
+# pow, mean, add, rsqrt, mul, type_as, the weight's product); Q and K (RoPE: an fp32 copy viewed as complex,
+# the complex product with the frequency table, the cast back); each repeated K and V element (repeat_kv:
+# expand, then reshape's copy; backward the sum over the repeats); F (SwiGLU: silu of one projection, its product
+# with the other). repeat_kv's backward also writes the summed gradient of each source element
+# (REPEAT_KV_SOURCE_BWD_BYTES). The counter charges a read of
+# an expanded operand at its expanded size (repeat_kv's forward, RMSNorm's backward division): kept as counted.
+EAGER_RMSNORM_BYTES = (36, 96)
+COMPLEX_ROPE_BYTES = (20, 20)
+REPEAT_KV_BYTES = (4, 2)
+REPEAT_KV_SOURCE_BWD_BYTES = 2
+SEPARATE_SWIGLU_BYTES = (10, 18)
 # An in-place add of a 16-bit gradient into an fp32 buffer (software.GRAD_ADD_MIXED: autograd's accumulation
 # into hybridpar's fp32 .grad, Megatron-LM 2021's main_grad.add_(grad)): mixed dtypes send PyTorch's
 # elementwise add to its unrolled kernel that casts each load (unrolled_elementwise_kernel with

@@ -29,7 +29,11 @@ What a rotary (Llama) layer of megatron-core keeps besides, measured on hybridpa
 place while V, a view of the fused QKV output, keeps that output whole; rope_copies_kept), the
 cos/sin tables of unfused RoPE (8 head_dim, not split by TP; rope_fusion) and two more F-sized
 tensors of unfused SwiGLU (10F in all; swiglu_fusion). RMSNorm's fp32 rstd (8 bytes per token) is
-left out.
+left out. torchtitan's eager layer (software.TORCHTITAN_2024), measured tensor by tensor on CPU
+(tests/unit/test_planner_torchtitan_activations.py): K and V repeated to every query head (2h each),
+silu's input and output, the other projection and the product (8F), and with its PyTorch RMSNorm each norm's
+fp32 copy of its input and the bf16 cast before the weight instead of the input (4h more per norm); its
+complex RoPE keeps only the shared frequency table.
 """
 from __future__ import annotations
 
@@ -142,8 +146,11 @@ def layer_activation_bytes(plan: Plan, sw: Software, full_layer: bool = False) -
         return tokens * 2 * h / (t if sp else 1)
     mask = h if sw.dropout else 0
     replicated = 2 * h + mask + 2 * h + mask + 4 * h  # QKV input, MLP input, masks, norm inputs
-    swiglu = 6 * f if sw.swiglu_fusion else 10 * f
-    split = 2 * h + 4 * kv + 2 * h + (swiglu if m.mlp == "swiglu" else 4 * f)
+    if not sw.norm_fusion:  # each norm's fp32 copy of its input and the cast before the weight, not its input
+        replicated += 2 * (4 * h + 2 * h - 2 * h)
+    swiglu = 6 * f if sw.swiglu_fusion else 8 * f if sw.swiglu_separate_projections else 10 * f
+    k_and_v = 4 * h if sw.kv_heads_repeated else 4 * kv  # repeated to every query head, the attention keeps them
+    split = 2 * h + k_and_v + 2 * h + (swiglu if m.mlp == "swiglu" else 4 * f)
     if sw.rotary and sw.rope_copies_kept:  # rotated Q and K beside the QKV output V's view keeps whole
         split += 2 * h + 2 * kv
     if sw.flash_attention:  # its fp32 logsumexp per head (with selective recomputation: rerun)
@@ -152,7 +159,7 @@ def layer_activation_bytes(plan: Plan, sw: Software, full_layer: bool = False) -
     elif plan.recompute == "none" or full_layer:
         split += (5 if sw.dropout else 4) * m.heads * plan.seq_len
     per_token = (replicated + split) / t if sp else replicated + split / t
-    if sw.rotary and not sw.rope_fusion:  # cos and sin for Q and for K, per position, every TP rank
+    if sw.rotary and not sw.rope_fusion and sw.rope_style == "rotate-half":  # cos and sin for Q and for K, per position
         per_token += 4 * 2 * m.head_dim
     return tokens * per_token
 

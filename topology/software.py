@@ -42,6 +42,13 @@ class CrossEntropyKernel:
 # Forward: cast and max in one pass (read 2, write 4), subtract, exp and sum (read 4, write 4), divide
 # (read 4, write 4): 22. Backward: multiply and cast (read 4, write the fp32 softmax back 4 and the 16-bit
 # gradient 2): 10. Peak as unfused, 6. NeMo 2's GPTConfig turns the fusion on.
+# PyTorch's own, on logits cast to fp32 first (torchtitan: self.output(h).float(), then F.cross_entropy), counted
+# by TrafficCounter (tests/unit/test_planner_torchtitan_ops.py): forward the cast (read 2, write 4), log_softmax
+# (read 4, write 4) and nll_loss, which gathers one value per token: 14; backward nll_loss's gradient (a
+# zero-fill, 4, and a scatter), log_softmax's (read 4 + 4, write 4) and the cast back (read 4, write 2): 22 (the
+# counter charges each nll_loss a full read, 4 more each way, that its CUDA kernels do not make). Peak in
+# log_softmax's backward: the fp32 logits (train.py keeps `pred`), the saved log-probabilities, nll_loss's
+# gradient and log_softmax's output, 4 bytes each: 16; the 16-bit logits are freed after the cast.
 # flash-attn's xentropy CUDA kernel (flash_attn/losses/cross_entropy.py and csrc/xentropy/xentropy_kernel.cu,
 # v1.0.9, the version llm-foundry pinned; MosaicML's MPT default loss_fn, fused_crossentropy): on the 16-bit
 # logits, fp32 only in registers. Forward: one pass for the max, one for the sum of exponentials (read 2 each);
@@ -51,6 +58,7 @@ CROSS_ENTROPY_KERNELS = {
     "vocab-parallel-fp32": CrossEntropyKernel(forward_bytes=38, backward_bytes=14, peak_bytes=6),
     "vocab-parallel-fused": CrossEntropyKernel(forward_bytes=22, backward_bytes=10, peak_bytes=6),
     "fused-16bit": CrossEntropyKernel(forward_bytes=4, backward_bytes=4, peak_bytes=4),
+    "torch-fp32": CrossEntropyKernel(forward_bytes=14, backward_bytes=22, peak_bytes=16),
 }
 
 
@@ -215,6 +223,19 @@ class Software:
     # (cost.UB_RS_SPLITS, cost.UB_RS_SMS). False: megatron-core's default, and hybridpar's runtime, which
     # does not set userbuffers up.
     tp_comm_overlap: bool = False
+    # How the layer's elementwise work is written where it is not megatron-core's (torchtitan's eager Llama,
+    # TORCHTITAN_2024; kernels.py counts each chain): RMSNorm as PyTorch operations on an fp32 copy (False:
+    # one fused kernel), RoPE as a complex multiplication on an fp32 copy of Q and K ("complex"; megatron's
+    # rotate-half otherwise), SwiGLU as silu and a product of two separate projections' outputs, the K and V
+    # heads of grouped-query attention repeated into every query head's before the attention kernel.
+    norm_fusion: bool = True
+    rope_style: str = "rotate-half"
+    swiglu_separate_projections: bool = False
+    kv_heads_repeated: bool = False
+    # HBM bytes per parameter of a gathered layer that every ZeRO-3 all-gather adds beyond the collective:
+    # PyTorch's FSDP2 copies the gathered buffer out into each parameter's own tensor (read 2, write 2).
+    # 0: the parameters are views of the gathered buffer (FSDP1's FlatParameter, DeepSpeed).
+    gather_copy_out_bytes_per_param: int = 0
 
     @property
     def grad_accum_hbm_efficiency(self) -> float:
@@ -412,8 +433,39 @@ PYTORCH_FSDP_FP32_REDUCE = replace(_PYTORCH_FSDP, name="pytorch-fsdp-fp32-reduce
                                    grad_accum_bytes_per_param=FSDP_FLAT_GRAD_CAT + FSDP_CAST_TO_FP32 + 2 * 4,
                                    layer_grad_peak_bytes_per_param=2 + 4)
 
+# torchtitan as it ran its first published benchmarks (pytorch/torchtitan 1ea476e9f, April 2024; docs/performance.md:
+# Llama 2 and 3 on 64 A100s, FSDP2 only) [V]: eager PyTorch (compile = false in every train_configs/*.toml), a
+# Meta-reference Llama (torchtitan/models/llama/model.py) under FSDP2, fully_shard per block, reshard_after_forward
+# but for the last block (parallelisms/parallelize_llama.py), MixedPrecisionPolicy(param_dtype=bf16,
+# reduce_dtype=fp32), one micro-batch per step (train.py: no gradient accumulation).
+# * FSDP2's reduction (torch 2.4 _fsdp_collectives.py foreach_reduce): each parameter's bf16 gradient is copied
+#   into one fp32 reduce-scatter input (read 2, write 4 per parameter of the block); fp32 is reduced with NCCL's
+#   average, so no division kernels (_get_gradient_divide_factors returns None for fp32 and bf16). At the end
+#   of a block's backward its bf16 gradients and that fp32 input both exist: 2 + 4.
+# * Its gather: the all-gather output is copied out into each parameter's unsharded tensor
+#   (foreach_all_gather_copy_out: split_with_sizes_copy), read 2 and write 2 per parameter, forward and backward.
+# * Layers: F.scaled_dot_product_attention(is_causal=True), FlashAttention-2 inside PyTorch on A100; RMSNorm the
+#   toml's norm_type: fused_rmsnorm (a Triton kernel, one read and write as the fused profiles) for the 8B and
+#   13B configs, rmsnorm (PyTorch operations) for the 70B ones (cases.py: norm_fusion per run); RoPE by complex
+#   multiplication; SwiGLU w2(silu(w1 x) * w3 x); repeat_kv before the attention (kernels.py counts each chain;
+#   its .transpose(1, 2).contiguous() of the attention output copies nothing: PyTorch's FlashAttention-2 writes
+#   the output token-major and returns the transposed view). The loss: the output layer's logits cast to fp32
+#   (model.py: self.output(h).float()), then F.cross_entropy (CROSS_ENTROPY_KERNELS["torch-fp32"]).
+# * Its step (train.py): clip_grad_norm_(foreach=True) at max_norm 1.0, then torch.optim.AdamW(foreach=True,
+#   weight_decay=0.1) on the fp32 shards: TORCH_FOREACH_STEP_BYTES, counted; its square root of the variance is
+#   a new tensor the size of the shard (4 bytes per parameter).
+# Activation checkpointing: "full" (checkpoint_wrapper on every block: the forward again in backward) and none.
+TORCH_FOREACH_STEP_BYTES = 84 + 12
+TORCHTITAN_2024 = replace(_PYTORCH_FSDP, name="torchtitan-2024", label="torchtitan 2024 (FSDP2, eager)",
+                          fp32_grads=True, grad_accum_bytes_per_param=FSDP_CAST_TO_FP32,
+                          layer_grad_peak_bytes_per_param=2 + 4, gather_copy_out_bytes_per_param=2 + 2,
+                          recompute_modes=("none", "full"), rope_fusion=False, rope_style="complex",
+                          swiglu_fusion=False, swiglu_separate_projections=True, kv_heads_repeated=True,
+                          cross_entropy="torch-fp32", optimizer_temp_bytes_per_param=4,
+                          optimizer_step_bytes_counted=(TORCH_FOREACH_STEP_BYTES,) * 3)
+
 # `hybridpar plan --software NAME`: plan for hybridpar's runtime (default) or evaluate a layout
 # under the stack a published run used.
 PROFILES = {sw.name: sw for sw in (HYBRIDPAR, MEGATRON_CORE, MEGATRON_CORE_BF16_GRADS, NEMO_DFA, MEGATRON_2021, MEGATRON_2022, MEGATRON_2021_TORCH_DDP,
                                    DEEPSPEED_BF16_PIPE, DEEPSPEED_PIPE_ZERO1,
-                                   PYTORCH_FSDP, PYTORCH_FSDP_FP32_REDUCE)}
+                                   PYTORCH_FSDP, PYTORCH_FSDP_FP32_REDUCE, TORCHTITAN_2024)}

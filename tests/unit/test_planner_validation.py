@@ -58,6 +58,11 @@ KNOWN_MISSES["mcore08-gpt-32b-384"] = (
     "predicted low by 22%: TP8 PP1 DP48 with 2 micro-batches per step, where the planner exposes 0.35 s of the "
     "fp32 gradient reduce-scatter over 48 nodes beyond the one backward it can hide behind; the table does not "
     "publish the micro-batch or what else the run overlapped; docs/planner.md, what is missing")
+KNOWN_MISSES["torchtitan2404-llama2-13b-64-noac"] = (
+    "predicted high by 17%: torchtitan's FSDP2 on 64 A100s without activation checkpointing, costed op by op as its "
+    "eager layer runs (kernels.py, software.TORCHTITAN_2024); its two 70B rows, where the unfused norms and full "
+    "recomputation weigh more, are within +6%; the A100 lean of every stack (+10%) and a predicted 75.9 of 80 GiB, "
+    "where the allocator's retries are not modelled; docs/planner.md, what is missing")
 # Memory verdicts that do not match what happened, with what the memory model lacks for them.
 KNOWN_WRONG_MEMORY: dict[str, str] = {}  # none: every verdict matches what happened
 

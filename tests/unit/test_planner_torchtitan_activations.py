@@ -1,0 +1,510 @@
+"""Activation bytes one torchtitan Llama block keeps for backward, per token (torchtitan 1ea476e9f, April 2024).
+
+The block is rebuilt here op for op after ``torchtitan/models/llama/model.py`` (``Attention``,
+``apply_rotary_emb``, ``repeat_kv``, ``FeedForward``, ``TransformerBlock``) and ``torchtitan/models/norms.py``
+(``RMSNorm``, ``FusedRMSNorm`` / ``TritonFusedRMSNorm``) at pytorch/torchtitan commit 1ea476e9f, with every
+parameter and activation in bf16 (FSDP2 ``MixedPrecisionPolicy(param_dtype=torch.bfloat16)``).
+``torch.autograd.graph.saved_tensors_hooks`` records what autograd keeps, one count per storage.
+
+Two things exist only on the GPU and have CPU stand-ins that save exactly what the GPU code saves:
+ - the fused Triton RMSNorm keeps (x, weight, rstd fp32 per row);
+ - ``F.scaled_dot_product_attention`` on an H100 runs FlashAttention-2, which keeps query, key, value,
+   output and an fp32 logsumexp [b, heads, s], and whose output is a [b, heads, s, d] view of a
+   [b, s, heads, d] buffer (so torchtitan's ``transpose(1, 2).contiguous()`` copies nothing).
+
+Result, bytes per token (h = dim, f = ffn hidden, heads = query heads; kv = n_kv_heads * head_dim does
+not appear: ``repeat_kv`` hands SDPA expanded copies of K and V, and those are what it keeps):
+    unfused RMSNorm: 24h + 8f + 4*heads + 8
+    fused RMSNorm:   16h + 8f + 4*heads + 8
+    full AC:         2h (the block input), and while one block is recomputed its full no-AC set is live.
+"""
+import math
+from contextlib import nullcontext
+from dataclasses import replace
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.autograd.graph import saved_tensors_hooks
+from torch.utils.checkpoint import checkpoint
+
+from hybridpar.topology.memory import layer_activation_bytes
+from hybridpar.topology.models import ModelSpec
+from hybridpar.topology.plan import Plan
+from hybridpar.topology.software import TORCHTITAN_2024
+
+BF16, FP32 = 2, 4
+CPU = torch.device("cpu")
+PLANNER_SEQ = 1024
+
+
+# ----------------------------------------------------------------------------------------------------
+# The formulas: the saved-tensor inventory, and the planner's per-layer count it must add up to.
+
+
+def saved_tensors_per_token(h, kv, f, heads, fused_norm):
+    """{name: (dtype, bytes per token)} of every activation one block keeps for backward.
+
+    ``kv`` is accepted for the planner's signature but unused: torchtitan's ``repeat_kv`` copies K and V
+    up to ``heads`` heads before SDPA, and the expanded copies are what FlashAttention keeps.
+    """
+    del kv
+    table = {}
+    for norm in ("attention_norm", "ffn_norm"):
+        if fused_norm:
+            # TritonFusedRMSNorm.forward: ctx.save_for_backward(x, weight, rstd)
+            table[f"{norm}.x"] = (torch.bfloat16, BF16 * h)
+        else:
+            # RMSNorm: x.float() kept by pow and mul, type_as(x) result kept by "* weight"
+            table[f"{norm}.x_fp32"] = (torch.float32, FP32 * h)
+            table[f"{norm}.normed_bf16"] = (torch.bfloat16, BF16 * h)
+        table[f"{norm}.rstd"] = (torch.float32, FP32)  # fp32 [b, s, 1] (unfused rsqrt) or [b*s] (fused)
+        table[f"{norm}.out"] = (torch.bfloat16, BF16 * h)  # input of wq/wk/wv, or of w1/w3
+    table["attention.q"] = (torch.bfloat16, BF16 * h)  # rotated q, SDPA query
+    table["attention.k"] = (torch.bfloat16, BF16 * h)  # rotated k after repeat_kv: heads * head_dim
+    table["attention.v"] = (torch.bfloat16, BF16 * h)  # v after repeat_kv: heads * head_dim
+    table["attention.sdpa_out"] = (torch.bfloat16, BF16 * h)  # SDPA output = wo's input (same storage)
+    table["attention.logsumexp"] = (torch.float32, FP32 * heads)
+    table["feed_forward.w1_out"] = (torch.bfloat16, BF16 * f)  # kept by silu
+    table["feed_forward.silu_out"] = (torch.bfloat16, BF16 * f)  # kept by the gating mul
+    table["feed_forward.w3_out"] = (torch.bfloat16, BF16 * f)  # kept by the gating mul
+    table["feed_forward.gated"] = (torch.bfloat16, BF16 * f)  # w2's input
+    return table
+
+
+def expected_bytes_per_token(h, kv, f, heads, fused_norm):
+    """The planner's count, topology/memory.py layer_activation_bytes under software.TORCHTITAN_2024 (16h + 8f +
+    4*heads with the fused norm, 24h + 8f + 4*heads with the unfused one), plus the two norms' fp32 rstd, 8 bytes
+    per token, which the planner leaves out."""
+    head_dim = h // heads
+    model = ModelSpec(1, h, f, heads, kv // head_dim, 32000, "swiglu", "torchtitan-block")
+    plan = Plan(model, PLANNER_SEQ, 1, tp=1, cp=1, pp=1, dp=1, micro_batch=1, zero_stage=3, recompute="none")
+    planner = layer_activation_bytes(plan, replace(TORCHTITAN_2024, norm_fusion=fused_norm)) / PLANNER_SEQ
+    return int(planner) + 2 * FP32
+
+
+def full_ac_bytes_per_token(h):
+    """Full activation checkpointing keeps only the block input (bf16)."""
+    return BF16 * h
+
+
+def full_ac_recompute_bytes_per_token(h, kv, f, heads, fused_norm):
+    """What one block holds at the end of its recomputation: its no-AC set plus its checkpointed input
+    (the fused norm keeps that input itself, so it is not counted twice)."""
+    extra = 0 if fused_norm else BF16 * h
+    return expected_bytes_per_token(h, kv, f, heads, fused_norm) + extra
+
+
+# ----------------------------------------------------------------------------------------------------
+# The block, after torchtitan 1ea476e9f. ``tap`` (a dict or None) names the tensors the test expects to be kept.
+
+
+def _tap(tap, name, t):
+    if tap is not None:
+        tap[name] = t
+
+
+class UnfusedRMSNorm(nn.Module):
+    """norms.py RMSNorm: normalise in fp32, cast back to x's dtype, then scale by weight."""
+
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=CPU))
+        self.tap, self.prefix = None, ""
+
+    def forward(self, x):
+        wide = x.float()
+        inv_rms = torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        normed = (wide * inv_rms).type_as(x)
+        out = normed * self.weight
+        for name, t in (("x_fp32", wide), ("rstd", inv_rms), ("normed_bf16", normed), ("out", out)):
+            _tap(self.tap, f"{self.prefix}.{name}", t)
+        return out
+
+
+class _TritonRMSNormStandIn(torch.autograd.Function):
+    """norms.py TritonFusedRMSNorm on the CPU: keeps (x as [M, N], weight, rstd fp32 [M]), same math."""
+
+    @staticmethod
+    def forward(ctx, x, weight, eps, tap, prefix):
+        rows = x.view(-1, x.shape[-1])
+        wide = rows.float()
+        rstd = torch.rsqrt(wide.pow(2).mean(-1) + eps)
+        y = (wide * rstd[:, None] * weight.float()).to(x.dtype)
+        ctx.save_for_backward(rows, weight, rstd)
+        ctx.in_shape = x.shape
+        _tap(tap, f"{prefix}.rstd", rstd)
+        return y.view(x.shape)
+
+    @staticmethod
+    def backward(ctx, dy):
+        rows, weight, rstd = ctx.saved_tensors
+        dy = dy.reshape(rows.shape).float()
+        x_hat = rows.float() * rstd[:, None]
+        wdy = weight.float() * dy
+        c1 = (x_hat * wdy).sum(-1, keepdim=True) / rows.shape[-1]
+        dx = (wdy - x_hat * c1) * rstd[:, None]
+        dw = (dy * x_hat).sum(0)
+        return dx.to(rows.dtype).view(ctx.in_shape), dw.to(weight.dtype), None, None, None
+
+
+class FusedRMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, device=CPU))
+        self.tap, self.prefix = None, ""
+
+    def forward(self, x):
+        _tap(self.tap, f"{self.prefix}.x", x)
+        out = _TritonRMSNormStandIn.apply(x, self.weight, self.eps, self.tap, self.prefix)
+        _tap(self.tap, f"{self.prefix}.out", out)
+        return out
+
+
+class _FlashAttention2StandIn(torch.autograd.Function):
+    """CUDA _scaled_dot_product_flash_attention (FA2), causal: keeps q, k, v, out and lse fp32 [b, heads, s].
+
+    The output is laid out [b, s, heads, d] and returned as its [b, heads, s, d] transpose, as the CUDA
+    kernel returns it. Backward recomputes SDPA with autograd."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, tap):
+        b, heads, s, d = q.shape
+        ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out = torch.empty(b, s, heads, d, dtype=q.dtype, device=q.device).transpose(1, 2)
+        out.copy_(ref)
+        scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(d)
+        causal = torch.ones(s, s, dtype=torch.bool, device=q.device).triu(1)
+        lse = scores.masked_fill(causal, float("-inf")).logsumexp(-1).contiguous()  # fp32 [b, heads, s]
+        ctx.save_for_backward(q, k, v, out, lse)
+        _tap(tap, "attention.sdpa_out", out)
+        _tap(tap, "attention.logsumexp", lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, _out, _lse = ctx.saved_tensors
+        with torch.enable_grad():
+            leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+            again = F.scaled_dot_product_attention(*leaves, is_causal=True)
+            grads = torch.autograd.grad(again, leaves, dout)
+        return (*grads, None)
+
+
+def precompute_freqs_cis(head_dim, end, theta=10000.0):
+    inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=CPU)[: head_dim // 2].float() / head_dim))
+    angles = torch.outer(torch.arange(end, device=CPU).float(), inv)
+    return torch.polar(torch.ones_like(angles), angles)  # complex64 [end, head_dim / 2]
+
+
+def apply_rotary_emb(xq, xk, freqs_cis):
+    """model.py apply_rotary_emb: rotate pairs as complex64 numbers, return in the inputs' dtype."""
+
+    def as_complex(t):
+        return torch.view_as_complex(t.float().reshape(*t.shape[:-1], -1, 2))
+
+    cq, ck = as_complex(xq), as_complex(xk)
+    rot = freqs_cis.view(1, cq.shape[1], 1, cq.shape[-1])
+    rq = torch.view_as_real(cq * rot).flatten(3)
+    rk = torch.view_as_real(ck * rot).flatten(3)
+    return rq.type_as(xq), rk.type_as(xk)
+
+
+def repeat_kv(t, n_rep):
+    """model.py repeat_kv: expand then reshape (a copy) to n_kv_heads * n_rep heads."""
+    if n_rep == 1:
+        return t
+    b, s, groups, d = t.shape
+    return t[:, :, :, None, :].expand(b, s, groups, n_rep, d).reshape(b, s, groups * n_rep, d)
+
+
+class Attention(nn.Module):
+    def __init__(self, dim, heads, kv_heads, sdpa):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.wq = nn.Linear(dim, heads * self.head_dim, bias=False, device=CPU)
+        self.wk = nn.Linear(dim, kv_heads * self.head_dim, bias=False, device=CPU)
+        self.wv = nn.Linear(dim, kv_heads * self.head_dim, bias=False, device=CPU)
+        self.wo = nn.Linear(heads * self.head_dim, dim, bias=False, device=CPU)
+        self.sdpa = sdpa  # "flash2": the CUDA kernel's saved set; "cpu": whatever F.sdpa keeps on the CPU
+        self.tap = None
+        self.sdpa_output = self.wo_input = None
+
+    def forward(self, x, freqs_cis):
+        b, s, _ = x.shape
+        q = self.wq(x).view(b, s, self.heads, self.head_dim)
+        k = self.wk(x).view(b, s, self.kv_heads, self.head_dim)
+        v = self.wv(x).view(b, s, self.kv_heads, self.head_dim)
+        q, k = apply_rotary_emb(q, k, freqs_cis)
+        n_rep = self.heads // self.kv_heads
+        k, v = repeat_kv(k, n_rep), repeat_kv(v, n_rep)
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            _tap(self.tap, f"attention.{name}", t)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        if self.sdpa == "flash2":
+            out = _FlashAttention2StandIn.apply(q, k, v, self.tap)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        merged = out.transpose(1, 2).contiguous().view(b, s, -1)
+        if self.tap is not None:
+            self.sdpa_output, self.wo_input = out, merged
+        return self.wo(merged)
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim, hidden):
+        super().__init__()
+        self.w1 = nn.Linear(dim, hidden, bias=False, device=CPU)
+        self.w2 = nn.Linear(hidden, dim, bias=False, device=CPU)
+        self.w3 = nn.Linear(dim, hidden, bias=False, device=CPU)
+        self.tap = None
+
+    def forward(self, x):
+        up = self.w1(x)
+        act = F.silu(up)
+        lin = self.w3(x)
+        gated = act * lin
+        for name, t in (("w1_out", up), ("silu_out", act), ("w3_out", lin), ("gated", gated)):
+            _tap(self.tap, f"feed_forward.{name}", t)
+        return self.w2(gated)
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, dim, heads, kv_heads, ffn, fused_norm, sdpa="flash2"):
+        super().__init__()
+        norm = FusedRMSNorm if fused_norm else UnfusedRMSNorm
+        self.attention_norm, self.ffn_norm = norm(dim), norm(dim)
+        self.attention_norm.prefix, self.ffn_norm.prefix = "attention_norm", "ffn_norm"
+        self.attention = Attention(dim, heads, kv_heads, sdpa)
+        self.feed_forward = FeedForward(dim, ffn)
+
+    def set_tap(self, tap):
+        for m in (self.attention_norm, self.ffn_norm, self.attention, self.feed_forward):
+            m.tap = tap
+
+    def forward(self, x, freqs_cis):
+        h = x + self.attention(self.attention_norm(x), freqs_cis)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Measurement.
+
+
+class SavedStorages:
+    """Pack hook: one entry per distinct storage, saved tensors kept alive so no address is reused."""
+
+    def __init__(self):
+        self.by_ptr = {}  # data_ptr -> (nbytes, dtype)
+        self.alive = []
+
+    def pack(self, t):
+        st = t.untyped_storage()
+        self.by_ptr.setdefault(st.data_ptr(), (st.nbytes(), t.dtype))
+        self.alive.append(t)
+        return t
+
+    @staticmethod
+    def unpack(t):
+        return t
+
+    def hooks(self):
+        return saved_tensors_hooks(self.pack, self.unpack)
+
+
+def _ptr(t):
+    return t.untyped_storage().data_ptr()
+
+
+LAYOUTS = {
+    # Llama 2 13B (dim 5120, 40 heads, ffn 13824) scaled down: MHA
+    "mha": dict(heads=8, kv_heads=8, head_dim=16, ffn=352),
+    # Llama 3 8B (dim 4096, 32 heads, 8 kv heads, ffn 14336) scaled down: GQA
+    "gqa": dict(heads=8, kv_heads=2, head_dim=16, ffn=448),
+}
+MAX_SEQ = 64
+
+
+def _build(layout, fused_norm, sdpa="flash2", seed=0):
+    cfg = LAYOUTS[layout]
+    dim = cfg["heads"] * cfg["head_dim"]
+    torch.manual_seed(seed)
+    block = TransformerBlock(dim, cfg["heads"], cfg["kv_heads"], cfg["ffn"], fused_norm, sdpa)
+    for p in block.parameters():
+        nn.init.normal_(p, std=0.05)
+    block = block.to(torch.bfloat16)  # FSDP2 param_dtype=bf16: the block sees bf16 weights
+    # Transformer.freqs_cis: a complex64 buffer (FSDP2 does not cast buffers) of 2 * max_seq_len rows
+    freqs_table = precompute_freqs_cis(cfg["head_dim"], 2 * MAX_SEQ)
+    dims = dict(h=dim, kv=cfg["kv_heads"] * cfg["head_dim"], f=cfg["ffn"], heads=cfg["heads"])
+    return block, freqs_table, dims
+
+
+def _input(b, s, h, seed=1):
+    g = torch.Generator(device=CPU).manual_seed(seed)
+    return torch.randn(b, s, h, generator=g, device=CPU).to(torch.bfloat16).requires_grad_()
+
+
+def _independent_storages(block, freqs_table):
+    """Storages that exist without the layer input: the parameters and the rope table."""
+    named = {_ptr(p): f"param {n}" for n, p in block.named_parameters()}
+    named[_ptr(freqs_table)] = "buffer freqs_cis (complex64)"
+    return named
+
+
+def _run_no_ac(layout, fused_norm, b, s):
+    block, freqs_table, dims = _build(layout, fused_norm)
+    x = _input(b, s, dims["h"])
+    tap = {}
+    block.set_tap(tap)
+    log = SavedStorages()
+    with log.hooks():
+        out = block(x, freqs_table[:s])
+    independent = _independent_storages(block, freqs_table)
+    kept = {p: v for p, v in log.by_ptr.items() if p not in independent}
+    excluded = sorted(independent[p] for p in log.by_ptr if p in independent)
+    return dict(block=block, x=x, out=out, tap=tap, kept=kept, excluded=excluded, dims=dims)
+
+
+CASES = [(layout, fused) for layout in LAYOUTS for fused in (False, True)]
+CASE_IDS = [f"{layout}-{'fused' if fused else 'unfused'}" for layout, fused in CASES]
+
+
+@pytest.mark.parametrize("layout, fused_norm", CASES, ids=CASE_IDS)
+def test_no_ac_bytes_per_token_match_formula_and_are_linear(layout, fused_norm):
+    """Replays torchtitan 1ea476e9f torchtitan/models/llama/model.py TransformerBlock.forward (Attention.forward,
+    apply_rotary_emb, repeat_kv, FeedForward.forward) with torchtitan/models/norms.py RMSNorm.forward
+    (unfused) or TritonFusedRMSNorm.forward (fused, CPU stand-in), SDPA standing in for FlashAttention-2.
+    The kept bytes equal expected_bytes_per_token * b * s exactly, at two sequence lengths."""
+    for b, s in ((2, 16), (2, 48)):
+        run = _run_no_ac(layout, fused_norm, b, s)
+        total = sum(nbytes for nbytes, _ in run["kept"].values())
+        assert total == expected_bytes_per_token(**run["dims"], fused_norm=fused_norm) * b * s
+
+
+@pytest.mark.parametrize("layout, fused_norm", CASES, ids=CASE_IDS)
+def test_no_ac_saved_tensor_inventory(layout, fused_norm):
+    """torchtitan 1ea476e9f torchtitan/models/llama/model.py TransformerBlock.forward with norms.py RMSNorm /
+    TritonFusedRMSNorm: every kept storage is one named tensor of saved_tensors_per_token (dtype and size),
+    and the only other saved storages are the block's parameters and the freqs_cis buffer."""
+    b, s = 2, 16
+    run = _run_no_ac(layout, fused_norm, b, s)
+    expected = saved_tensors_per_token(**run["dims"], fused_norm=fused_norm)
+    names = {_ptr(t): name for name, t in run["tap"].items() if name in expected}
+    got = {}
+    for p, (nbytes, dtype) in run["kept"].items():
+        assert p in names, f"unnamed kept storage: {nbytes} bytes {dtype}"
+        got[names[p]] = (dtype, nbytes // (b * s))
+    assert got == expected
+    # The norm weights, the seven linear weights and the rope table are saved too, and excluded.
+    params = sorted(f"param {n}" for n, _ in run["block"].named_parameters())
+    assert run["excluded"] == sorted(params + ["buffer freqs_cis (complex64)"])
+
+
+def test_wo_input_is_the_sdpa_output_storage():
+    """torchtitan 1ea476e9f torchtitan/models/llama/model.py Attention.forward: FlashAttention's output is laid
+    out [b, s, heads, d], so ``output.transpose(1, 2).contiguous()`` is a no-op and wo keeps the very storage
+    SDPA keeps (no extra 2h). The CPU kernel returns the same layout."""
+    for sdpa in ("flash2", "cpu"):
+        block, freqs_table, dims = _build("gqa", True, sdpa)
+        block.set_tap({})
+        block(_input(2, 16, dims["h"]), freqs_table[:16])
+        attention = block.attention
+        assert attention.sdpa_output.transpose(1, 2).is_contiguous()
+        assert _ptr(attention.wo_input) == _ptr(attention.sdpa_output)
+
+
+@pytest.mark.parametrize("fused_norm", [False, True], ids=["unfused", "fused"])
+def test_rope_keeps_only_the_freqs_table(fused_norm):
+    """torchtitan 1ea476e9f torchtitan/models/llama/model.py apply_rotary_emb: ``xq_ * freqs_cis`` keeps
+    freqs_cis (it needs it for dxq) but not the fp32 complex xq_/xk_ (freqs_cis needs no gradient), and the
+    ``.float()`` / ``type_as`` casts keep nothing: no complex64 tensor derived from the input is kept."""
+    run = _run_no_ac("gqa", fused_norm, 2, 16)
+    assert all(dtype != torch.complex64 for _, dtype in run["kept"].values())
+    assert "buffer freqs_cis (complex64)" in run["excluded"]
+
+
+@pytest.mark.parametrize("layout, fused_norm", CASES, ids=CASE_IDS)
+def test_stand_ins_match_torch_numerics(layout, fused_norm):
+    """The stand-ins for torchtitan 1ea476e9f norms.py TritonFusedRMSNorm and FlashAttention-2 compute what
+    model.py TransformerBlock.forward computes with F.scaled_dot_product_attention, forward and backward."""
+    b, s = 2, 16
+    outs, grads = [], []
+    for sdpa in ("flash2", "cpu"):
+        block, freqs_table, dims = _build(layout, fused_norm, sdpa)
+        x = _input(b, s, dims["h"])
+        out = block(x, freqs_table[:s])
+        out.float().square().sum().backward()
+        outs.append(out.float())
+        grads.append(x.grad.float())
+    torch.testing.assert_close(outs[0], outs[1], atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(grads[0], grads[1], atol=5e-2, rtol=5e-2)
+    if fused_norm:  # the fused stand-in normalises like the unfused RMSNorm
+        x = _input(b, s, dims["h"])
+        fused, plain = FusedRMSNorm(dims["h"]).to(torch.bfloat16), UnfusedRMSNorm(dims["h"]).to(torch.bfloat16)
+        torch.testing.assert_close(fused(x).float(), plain(x).float(), atol=2e-2, rtol=2e-2)
+
+
+class _RecomputeSpy:
+    """Recompute context for checkpoint(context_fn=...): while checkpoint recomputes the block, record
+    each saved storage, then hand the tensor on to checkpoint's own recomputation hook."""
+
+    def __init__(self, log):
+        self.log = log
+        self.inner = None
+
+    def __enter__(self):
+        inner_pack, inner_unpack = torch._C._autograd._top_saved_tensors_default_hooks(False)
+
+        def pack(t):
+            self.log.pack(t)
+            return inner_pack(t)
+
+        self.inner = saved_tensors_hooks(pack, inner_unpack)
+        return self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        return self.inner.__exit__(*exc)
+
+
+@pytest.mark.parametrize("layout, fused_norm", CASES, ids=CASE_IDS)
+def test_full_ac_keeps_the_input_and_recompute_peaks_at_no_ac(layout, fused_norm):
+    """torchtitan 1ea476e9f torchtitan/parallelisms/parallelize_llama.py checkpoint_wrapper, mode "full":
+    ptd_checkpoint_wrapper(CheckpointImpl.NO_REENTRANT) -> torch.utils.checkpoint.checkpoint(block, x,
+    freqs_cis, use_reentrant=False) around model.py TransformerBlock.forward. Forward keeps the block input
+    only (2h per token); backward recomputes the block and then holds its full no-AC set."""
+    for b, s in ((2, 16), (2, 48)):
+        block, freqs_table, dims = _build(layout, fused_norm)
+        x = _input(b, s, dims["h"])
+        independent = _independent_storages(block, freqs_table)
+        fwd, rec = SavedStorages(), SavedStorages()
+        with fwd.hooks():
+            out = checkpoint(block, x, freqs_table[:s], use_reentrant=False, preserve_rng_state=False,
+                             context_fn=lambda: (nullcontext(), _RecomputeSpy(rec)))
+        kept = {p: v for p, v in fwd.by_ptr.items() if p not in independent}
+        assert list(kept) == [_ptr(x)]
+        assert sum(n for n, _ in kept.values()) == full_ac_bytes_per_token(dims["h"]) * b * s
+
+        out.float().square().sum().backward()
+        recomputed = {p: v for p, v in rec.by_ptr.items() if p not in independent}
+        tokens = b * s
+        no_ac = expected_bytes_per_token(**dims, fused_norm=fused_norm) * tokens
+        assert sum(n for n, _ in recomputed.values()) == no_ac
+        live = {**kept, **recomputed}  # the checkpointed input plus everything recomputed
+        assert sum(n for n, _ in live.values()) == full_ac_recompute_bytes_per_token(**dims, fused_norm=fused_norm) * tokens
+
+
+def test_formula_at_full_size():
+    """The formulas for torchtitan 1ea476e9f torchtitan/models/llama/__init__.py llama2 "13B" (dim 5120, 40 heads,
+    ffn 13824) and llama3 "8B" (dim 4096, 32 heads, 8 kv heads, ffn 14336), fused_rmsnorm as in their
+    train_configs, and unfused rmsnorm."""
+    assert expected_bytes_per_token(5120, 5120, 13824, 40, True) == 192_680
+    assert expected_bytes_per_token(5120, 5120, 13824, 40, False) == 233_640
+    assert expected_bytes_per_token(4096, 1024, 14336, 32, True) == 180_360
+    assert expected_bytes_per_token(4096, 1024, 14336, 32, False) == 213_128
+    for args in ((5120, 5120, 13824, 40), (4096, 1024, 14336, 32)):
+        for fused in (False, True):
+            table = saved_tensors_per_token(*args, fused_norm=fused)
+            assert sum(n for _, n in table.values()) == expected_bytes_per_token(*args, fused_norm=fused)
