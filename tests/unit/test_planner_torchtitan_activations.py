@@ -105,14 +105,16 @@ def _tap(tap, name, t):
         tap[name] = t
 
 
-class UnfusedRMSNorm(nn.Module):
-    """norms.py RMSNorm: normalise in fp32, cast back to x's dtype, then scale by weight."""
-
+class _Norm(nn.Module):
     def __init__(self, dim, eps=1e-5):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim, device=CPU))
         self.tap, self.prefix = None, ""
+
+
+class UnfusedRMSNorm(_Norm):
+    """norms.py RMSNorm: normalise in fp32, cast back to x's dtype, then scale by weight."""
 
     def forward(self, x):
         wide = x.float()
@@ -150,13 +152,7 @@ class _TritonRMSNormStandIn(torch.autograd.Function):
         return dx.to(rows.dtype).view(ctx.in_shape), dw.to(weight.dtype), None, None, None
 
 
-class FusedRMSNorm(nn.Module):
-    def __init__(self, dim, eps=1e-5):
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim, device=CPU))
-        self.tap, self.prefix = None, ""
-
+class FusedRMSNorm(_Norm):
     def forward(self, x):
         _tap(self.tap, f"{self.prefix}.x", x)
         out = _TritonRMSNormStandIn.apply(x, self.weight, self.eps, self.tap, self.prefix)
