@@ -29,7 +29,7 @@ from .kernels import (ATTENTION_KERNEL_SLOWDOWN, COMPLEX_ROPE_BYTES, EAGER_RMSNO
 from .links import (allreduce_time, collective_time, dp_link_gbps, dp_ranks_per_node, group_nodes, link_time,
                     nccl_latency, nccl_sm_share, pp_crosses_nodes, sm_contention)
 from .models import ModelSpec
-from .plan import Plan
+from .plan import RECOMPUTED_ATTENTION, RECOMPUTED_FORWARDS, Plan
 from .software import CROSS_ENTROPY_KERNELS, GRAD_BUCKET_NUMEL, HYBRIDPAR, Software
 from .stages import Stage, params_per_rank, stages
 
@@ -175,6 +175,7 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         af = qk_f + av_f + hbm_time(scores * (4 + drop_f), gpu)
         ab = qk_b + av_b + hbm_time(scores * (6 + drop_b), gpu)
     fwd, bwd = fwd + af, bwd + ab
+    before_elementwise = fwd
     # Norms (2 x read+write h) and residual adds (2 x 2 reads + 1 write), 2 bytes each, split
     # over TP only with sequence parallelism; activation function on the TP-split intermediate.
     mask = 1 if sw.dropout else 0
@@ -196,10 +197,19 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
             fwd, bwd = fwd + f_s, bwd + b_s
     f_b, b_b = eager_layer_bytes(m, sw, tp, sp)
     fwd, bwd = fwd + hbm_time(tokens * f_b, gpu), bwd + hbm_time(tokens * b_b, gpu)
+    elementwise_fwd = fwd - before_elementwise
     fwd = kernel_bound(fwd, sw.kernels_per_layer[0], sw.launch_blocking)
     bwd = kernel_bound(bwd, sw.kernels_per_layer[1], sw.launch_blocking)
     if recompute == "full":
         bwd += fwd
+    elif recompute == "every-other-block":  # half the blocks repeat their forward: per block on average
+        bwd += fwd / 2
+    elif recompute == "op-selective":
+        # torchtitan's op policy keeps the attention's output and every other matmul's (in forward order: Q, V,
+        # the gate, the down projection) and recomputes the rest: the K, output and up projections and every
+        # elementwise operation
+        bwd += (elementwise_fwd + gemm_time(tokens, h, kv // tp, gpu, peak, 1, in_bytes) + gemms[1][2]
+                + gemm_time(tokens, h, f // tp, gpu, peak, 1, in_bytes))
     elif recompute == "selective" and not sw.flash_attention:
         bwd += af
 
@@ -220,7 +230,7 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
             fwd_tp, row_grad_gathers = _userbuffers(gemms, tokens, h * 2, gpu, peak, in_bytes, tp)
         else:
             fwd_tp, row_grad_gathers = 2 * ar, ar if sp else 0.0
-        tp_t = (2 if recompute == "full" else 1) * fwd_tp + row_grad_gathers
+        tp_t = RECOMPUTED_FORWARDS.get(recompute, 1) * fwd_tp + row_grad_gathers
         for name, (*_, dgrad, wgrad) in zip(("qkv", "fc1"), gemms[::2]):  # the column-parallel QKV and fc1
             if userbuffers:  # bulk overlaps on the SMs userbuffers' configuration gives them
                 gather_sms, scatter_sms = UB_BULK_SMS[name]
@@ -234,7 +244,7 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     if cp > 1:
         # K/V all-gather fwd, dK/dV reduce-scatter bwd; recomputation (full, or selective: core
         # attention, where the exchange lives) gathers again in backward.
-        exchanges = 2 + (1 if recompute in ("full", "selective") else 0)
+        exchanges = 2 + RECOMPUTED_ATTENTION.get(recompute, 0)
         kv_bytes = mb * seq * 2 * kv / tp * 2
         cp_bw = gpu.nvlink_gbps if tp * cp <= gpus_per_node else gpu.network_gbps
         cp_nodes = group_nodes(cp, tp * cp, gpus_per_node)

@@ -24,6 +24,10 @@ def recompute_flops_per_seq(m: ModelSpec, seq_len: int, recompute: str, flash: b
                      + (6 if m.mlp == "swiglu" else 4) * m.layers * m.ffn_hidden * h)
     if recompute == "full":
         return layer_fwd
+    if recompute == "every-other-block":
+        return layer_fwd / 2
+    if recompute == "op-selective":  # the K, output and up projections again
+        return s * 2 * m.layers * h * (m.kv_heads * m.head_dim + h + m.ffn_hidden)
     if recompute == "selective" and not flash:
         return s * 4 * m.layers * h * s
     return 0.0

@@ -22,7 +22,10 @@ count (tensors stored for the backward pass, 2 bytes per element, 1 per dropout 
 With MHA and F = 4h this is Korthikanti's 34 sbh + 5 a s^2 b. Tensor parallelism splits Q, K,
 V, the projection input, the MLP intermediates and the scores over t; sequence parallelism
 splits the rest too. Full recomputation keeps each layer's input (2h, split over t with SP)
-plus one layer's full activations while it is being recomputed.
+plus one layer's full activations while it is being recomputed. torchtitan's policies: every second block
+checkpointed whole (half the blocks keep their input only), or each block keeping its input, the attention's
+output and logsumexp and every other matmul's output (Q, V, gate, down: 2h + 2kv + 2F + 2h), each with one
+block's full set while it is recomputed.
 What a rotary (Llama) layer of megatron-core keeps besides, measured on hybridpar's layer
 (hybridpar/observe/activation_audit.py; tests/integration/test_activation_audit.py): FlashAttention's fp32 logsumexp
 (4a), and, where software.py says the stack does so, the rotated Q and K (2h + 2kv: RoPE is out of
@@ -142,8 +145,15 @@ def layer_activation_bytes(plan: Plan, sw: Software, full_layer: bool = False) -
     tokens = plan.micro_batch * plan.seq_len / plan.cp
     h, kv, f = m.hidden, m.kv_heads * m.head_dim, m.ffn_hidden
     sp = plan.sequence_parallel or t == 1
+    block_input = tokens * 2 * h / (t if sp else 1)
     if plan.recompute == "full" and not full_layer:
-        return tokens * 2 * h / (t if sp else 1)
+        return block_input
+    if plan.recompute == "every-other-block" and not full_layer:  # per block on average
+        return (block_input + layer_activation_bytes(plan, sw, full_layer=True)) / 2
+    if plan.recompute == "op-selective" and not full_layer:
+        # torchtitan's op policy: the block's input, the attention's output and fp32 logsumexp, and the outputs of
+        # every other matmul in forward order (Q, V, the gate projection, the down projection)
+        return block_input + tokens * (2 * h + 2 * kv + 2 * f + 2 * h + 4 * m.heads) / t
     mask = h if sw.dropout else 0
     replicated = 2 * h + mask + 2 * h + mask + 4 * h  # QKV input, MLP input, masks, norm inputs
     if not sw.norm_fusion:  # each norm's fp32 copy of its input and the cast before the weight, not its input
@@ -215,7 +225,7 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMem
     chunks = in_flight(plan, stage.rank)
     layers_per_chunk = stage.layers / plan.vpp
     act = chunks * layers_per_chunk * layer_activation_bytes(plan, sw)
-    if plan.recompute == "full" and stage.layers:
+    if plan.recompute in ("full", "every-other-block", "op-selective") and stage.layers:  # a block recomputed
         act += layer_activation_bytes(plan, sw, full_layer=True)
     if stage.has_embedding:  # embedding output of every in-flight micro-batch
         act += min(chunks, plan.grad_accum) * tokens * 2 * m.hidden / t

@@ -454,12 +454,15 @@ PYTORCH_FSDP_FP32_REDUCE = replace(_PYTORCH_FSDP, name="pytorch-fsdp-fp32-reduce
 # * Its step (train.py): clip_grad_norm_(foreach=True) at max_norm 1.0, then torch.optim.AdamW(foreach=True,
 #   weight_decay=0.1) on the fp32 shards: TORCH_FOREACH_STEP_BYTES, counted; its square root of the variance is
 #   a new tensor the size of the shard (4 bytes per parameter).
-# Activation checkpointing: "full" (checkpoint_wrapper on every block: the forward again in backward) and none.
+# Activation checkpointing (parallelize_llama.py checkpoint_wrapper): "full" (every block's forward again in
+# backward), "every-other-block" (selective_ac_option "2": every second block checkpointed whole) and "op-selective"
+# (option "op": every block under a policy that keeps the outputs of its matmuls but every second one, of the
+# attention kernel and of reduce-scatters, and recomputes the rest), and none.
 TORCH_FOREACH_STEP_BYTES = 84 + 12
 TORCHTITAN_2024 = replace(_PYTORCH_FSDP, name="torchtitan-2024", label="torchtitan 2024 (FSDP2, eager)",
                           fp32_grads=True, grad_accum_bytes_per_param=FSDP_CAST_TO_FP32,
                           layer_grad_peak_bytes_per_param=2 + 4, gather_copy_out_bytes_per_param=2 + 2,
-                          recompute_modes=("none", "full"), rope_fusion=False, rope_style="complex",
+                          recompute_modes=("none", "every-other-block", "op-selective", "full"), rope_fusion=False, rope_style="complex",
                           swiglu_fusion=False, swiglu_separate_projections=True, kv_heads_repeated=True,
                           cross_entropy="torch-fp32", optimizer_temp_bytes_per_param=4,
                           optimizer_step_bytes_counted=(TORCH_FOREACH_STEP_BYTES,) * 3)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .plan import Plan
+from .plan import RECOMPUTED_ATTENTION, RECOMPUTED_FORWARDS, Plan
 from .software import HYBRIDPAR, Software
 from .stages import params_per_rank, stages
 
@@ -74,9 +74,9 @@ def _kv_bytes(plan: Plan, dtype_bytes: int) -> float:
     return plan.micro_batch * plan.seq_len * 2 * m.kv_heads * m.head_dim / plan.tp * dtype_bytes
 
 
-def _cp_gathers(plan: Plan) -> int:
+def _cp_gathers(plan: Plan) -> float:
     """K/V all-gathers per layer and micro-batch: forward, plus backward when recomputed."""
-    return 1 + (1 if plan.recompute in ("full", "selective") else 0)
+    return 1 + RECOMPUTED_ATTENTION.get(plan.recompute, 0)
 
 
 def cost_model_bytes(plan: Plan, sw: Software = HYBRIDPAR, dtype_bytes: int = 2,
@@ -94,7 +94,7 @@ def cost_model_bytes(plan: Plan, sw: Software = HYBRIDPAR, dtype_bytes: int = 2,
     sp = plan.sequence_parallel and t > 1
     tp = AxisBytes(0, 0.0, 0.0)
     if t > 1:  # in all-reduce equivalents of b s h per micro-batch (cost.layer_time, end_stage_tp_time)
-        per_layer = (5 if sp else 4) + (2 if plan.recompute == "full" else 0)
+        per_layer = (5 if sp else 4) + 2 * (RECOMPUTED_FORWARDS.get(plan.recompute, 1) - 1)
         ars = st.layers * per_layer + (1 if st.has_embedding else 0) + ((1.5 if sp else 1) if st.has_output else 0)
         calls = ars * (2 if sp else 1) + (3 if st.has_output else 0)
         ce = 3 * tokens * 4 if st.has_output else 0  # cross-entropy: 3 all-reduces of b s fp32
