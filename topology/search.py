@@ -158,6 +158,10 @@ def search(req: Request, top: int = 5) -> SearchResult:
     if recompute is not None and recompute not in sw.recompute_modes:
         raise PlanError(f"recompute {recompute} is not part of {sw.label} (it offers "
                         f"{', '.join(sw.recompute_modes)}): pin one of those")
+    for axis in ("cp", "pp"):
+        if axis not in sw.model_parallel_axes and req.pins.get(axis, 1) > 1:
+            raise PlanError(f"{axis} {req.pins[axis]} is not part of {sw.label} (it splits a replica along "
+                            f"{', '.join(sw.model_parallel_axes)} only): pin --{axis} 1")
     if all(a in req.pins for a in AXES):
         plan = _base_plan(req, **{a: req.pins[a] for a in AXES})
         plan = _with_split(plan)
@@ -177,10 +181,11 @@ def search(req: Request, top: int = 5) -> SearchResult:
             continue
         rest = n // tp if n % tp == 0 else 0
         cps = _choices(req, "cp", [c for c in _divisors(rest) if c == 1 or (
-            req.seq_len % (2 * c) == 0 and req.seq_len // c >= MIN_CP_CHUNK)]) if rest else []
+            "cp" in sw.model_parallel_axes and req.seq_len % (2 * c) == 0 and req.seq_len // c >= MIN_CP_CHUNK)]) if rest else []
         for cp in cps:
             rest2 = rest // cp if rest % cp == 0 else 0
-            pps = _choices(req, "pp", [p for p in _divisors(rest2) if p <= m.layers]) if rest2 else []
+            pps = _choices(req, "pp", [p for p in _divisors(rest2) if p <= m.layers and (
+                p == 1 or "pp" in sw.model_parallel_axes)]) if rest2 else []
             for pp in pps:
                 if rest2 % pp:
                     continue

@@ -236,6 +236,9 @@ class Software:
     # PyTorch's FSDP2 copies the gathered buffer out into each parameter's own tensor (read 2, write 2).
     # 0: the parameters are views of the gathered buffer (FSDP1's FlatParameter, DeepSpeed).
     gather_copy_out_bytes_per_param: int = 0
+    # The model-parallel axes the stack can split a replica along (DP is always there): torchtitan of April 2024
+    # had TP beside FSDP, no pipeline (parallelize_llama raised "PP not implemented yet") and no context parallelism.
+    model_parallel_axes: tuple[str, ...] = ("tp", "cp", "pp")
 
     @property
     def grad_accum_hbm_efficiency(self) -> float:
@@ -464,7 +467,7 @@ TORCHTITAN_2024 = replace(_PYTORCH_FSDP, name="torchtitan-2024", label="torchtit
                           layer_grad_peak_bytes_per_param=2 + 4, gather_copy_out_bytes_per_param=2 + 2,
                           recompute_modes=("none", "every-other-block", "op-selective", "full"), rope_fusion=False, rope_style="complex",
                           swiglu_fusion=False, swiglu_separate_projections=True, kv_heads_repeated=True,
-                          cross_entropy="torch-fp32", optimizer_temp_bytes_per_param=4,
+                          cross_entropy="torch-fp32", model_parallel_axes=("tp",), optimizer_temp_bytes_per_param=4,
                           optimizer_step_bytes_counted=(TORCH_FOREACH_STEP_BYTES,) * 3)
 
 # `hybridpar plan --software NAME`: plan for hybridpar's runtime (default) or evaluate a layout

@@ -465,3 +465,14 @@ def test_attention_kernel_flag_costs_the_plan_with_that_kernel(capsys):
                           recompute="full", sequence_parallel=False, gpu="a100-80gb"),
                      replace(MEGATRON_CORE, attention_kernel="triton"))
     assert triton["step_time_s"] == pytest.approx(want.step_time_s, rel=1e-4)
+
+
+def test_torchtitan_2024_splits_a_replica_by_tp_only(capsys):
+    """torchtitan of April 2024 had FSDP and TP, no pipeline or context parallelism: the search keeps PP and CP at 1,
+    and a pinned PP is refused in one line, before anything is costed."""
+    argv = ["--model", "llama3-70b", "--gpus", "512", "--software", "torchtitan-2024", "--top", "30", "--json"]
+    plans = json.loads(run(argv, capsys)[1])["plans"]
+    assert plans and all(p["pp"] == 1 and p["cp"] == 1 for p in plans)
+    assert {p["recompute"] for p in plans} <= {"none", "every-other-block", "op-selective", "full"}
+    code, _, err = run(["--model", "llama3-70b", "--gpus", "512", "--software", "torchtitan-2024", "--pp", "4"], capsys)
+    assert code == 2 and "pp 4 is not part of torchtitan 2024" in err and len(err.strip().splitlines()) == 1

@@ -311,8 +311,9 @@ def render(req: Request, result) -> str:
              f"global batch {req.global_batch} seqs = {req.global_batch * req.seq_len:,} tokens, {req.precision}, "
              f"planned for {req.software.label}; "
              f"{result.examined} configurations examined, {result.evaluated} fit and were costed"]
+    rc_width = max([9] + [len(e.plan.recompute) for e in result.plans])  # torchtitan's policies have long names
     head = (f"{'#':>2} {'TP':>3} {'CP':>3} {'PP':>4} {'DP':>5} {'VPP':>3} {'mb':>3} {'GA':>4} {'Z':>1} "
-            f"{'recomp':<9} {'step s (range)':>21} {'tok/s':>10} {'TFLOP/s':>7} {'MFU (range)':>13} {'bubble':>6} "
+            f"{'recomp':<{rc_width}} {'step s (range)':>21} {'tok/s':>10} {'TFLOP/s':>7} {'MFU (range)':>13} {'bubble':>6} "
             f"{'GiB':>5} fits")
     lines += ["", head, "-" * len(head)]
     for i, e in enumerate(result.plans, 1):
@@ -325,7 +326,7 @@ def render(req: Request, result) -> str:
         if e.fits and e.memory.tight(gpu.memory_bytes):
             fits = "tight"
         lines.append(f"{i:>2} {p.tp:>3} {p.cp:>3} {p.pp:>4} {p.dp:>5} {p.vpp:>3} {p.micro_batch:>3} "
-                     f"{p.grad_accum:>4} {p.zero_stage:>1} {p.recompute:<9} {step:>21} "
+                     f"{p.grad_accum:>4} {p.zero_stage:>1} {p.recompute:<{rc_width}} {step:>21} "
                      f"{c.tokens_per_s:>10,.0f} {c.tflops_per_gpu:>7.1f} {mfu:>13} {c.bubble_fraction:>6.1%} "
                      f"{e.memory.total / GIB:>5.1f} {fits}")
     lines.append(validation.RANGE_NOTE)
