@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from math import ceil
 
+from .eager_layer import eager_layer_bytes
 from .flops import causal_attention_flops, model_flops_per_seq
 from .hardware import GPU, get_gpu
-from .kernels import (ATTENTION_KERNEL_SLOWDOWN, COMPLEX_ROPE_BYTES, EAGER_RMSNORM_BYTES, FLASH_BACKWARD_RATIO,
-                      REPEAT_KV_BYTES, REPEAT_KV_SOURCE_BWD_BYTES, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES, SEPARATE_SWIGLU_BYTES,
+from .kernels import (ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES,
                       SWIGLU_UNFUSED_HBM, SWIGLU_UNFUSED_PASSES, attention_shape_factor, gemm_fwd_bwd, gemm_time,
                       hbm_time, kernel_bound, unfused_time)
 from .links import (allreduce_time, collective_time, dp_link_gbps, dp_ranks_per_node, group_nodes, link_time,
@@ -118,23 +118,6 @@ def ub_pipeline(scatter_s: float, chunk_gemm_s: float) -> float:
     leaves) whose output is reduce-scattered, ``scatter_s`` in all, chunk by chunk behind it."""
     step = scatter_s / UB_RS_SPLITS
     return chunk_gemm_s + (UB_RS_SPLITS - 1) * max(chunk_gemm_s, step) + step
-
-
-def eager_layer_bytes(m: ModelSpec, sw: Software, tp: int, sp: bool) -> tuple[float, float]:
-    """HBM bytes per token of one layer's elementwise chains written as eager PyTorch operations
-    (software.Software.norm_fusion and the fields after it), forward and backward, at streaming rate: their
-    operands are contiguous, unlike megatron's strided halves [assumed, not timed]."""
-    h, kv, f = m.hidden, m.kv_heads * m.head_dim, m.ffn_hidden
-    chains = []  # (elements per token, (forward, backward) bytes per element)
-    if not sw.norm_fusion:
-        chains.append((2 * h / (tp if sp else 1), EAGER_RMSNORM_BYTES))
-    if sw.rotary and not sw.rope_fusion and sw.rope_style == "complex":
-        chains.append(((h + kv) / tp, COMPLEX_ROPE_BYTES))
-    if sw.kv_heads_repeated and m.kv_heads < m.heads:
-        chains += [(2 * h / tp, REPEAT_KV_BYTES), (2 * kv / tp, (0, REPEAT_KV_SOURCE_BWD_BYTES))]
-    if m.mlp == "swiglu" and not sw.swiglu_fusion and sw.swiglu_separate_projections:
-        chains.append((f / tp, SEPARATE_SWIGLU_BYTES))
-    return (sum(n * fb[0] for n, fb in chains), sum(n * fb[1] for n, fb in chains))
 
 
 @lru_cache(maxsize=None)
