@@ -156,8 +156,8 @@ def layer_activation_bytes(plan: Plan, sw: Software, full_layer: bool = False) -
         return block_input + tokens * (2 * h + 2 * kv + 2 * f + 2 * h + 4 * m.heads) / t
     mask = h if sw.dropout else 0
     replicated = 2 * h + mask + 2 * h + mask + 4 * h  # QKV input, MLP input, masks, norm inputs
-    if not sw.norm_fusion:  # each norm's fp32 copy of its input and the cast before the weight, not its input
-        replicated += 2 * (4 * h + 2 * h - 2 * h)
+    if not sw.norm_fusion:  # each norm keeps an fp32 copy of its input (4h) and the cast before the weight (2h),
+        replicated += 2 * 4 * h  # not the input itself (2h)
     swiglu = 6 * f if sw.swiglu_fusion else 8 * f if sw.swiglu_separate_projections else 10 * f
     k_and_v = 4 * h if sw.kv_heads_repeated else 4 * kv  # repeated to every query head, the attention keeps them
     split = 2 * h + k_and_v + 2 * h + (swiglu if m.mlp == "swiglu" else 4 * f)
