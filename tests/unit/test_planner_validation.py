@@ -216,6 +216,7 @@ def test_the_readme_quotes_the_current_validation():
 
     s = validation.summary()
     fsdp = s.by_stack["llm-foundry FSDP (MosaicML)"][2]
+    torchtitan = s.by_stack["torchtitan (PyTorch)"][2]
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     for quoted in (f"over {s.timed} published runs", f"median |error| {s.median_abs_error:.1%}",
                    f"lean {s.signed_bias:+.1%} high", f"{s.memory_right} of {s.memory_checked} memory verdicts right",
@@ -223,5 +224,6 @@ def test_the_readme_quotes_the_current_validation():
                    f"{s.by_gpu['h100-80gb'][2]:+.1%} on H100, {s.by_gpu['a100-80gb'][2]:+.1%} on A100 80GB and "
                    f"{s.by_gpu['a100-40gb'][2]:+.1%} on A100 40GB",
                    f"{s.by_stack['NeMo 1'][2]:+.1%} on NeMo 1 and {s.by_stack['NeMo 2'][2]:+.1%} on NeMo 2",
-                   f"the PyTorch FSDP runs, costed with their own profile, lean {fsdp:+.0%}"):
+                   f"the PyTorch FSDP runs, costed with their own profile, lean {fsdp:+.0%} and torchtitan's FSDP2 "
+                   f"runs (all on A100) {torchtitan:+.0%}"):
         assert quoted in readme, quoted
