@@ -14,9 +14,9 @@ from .models import ModelSpec, model_from_dict
 # Activation recomputation the planner costs, from the least recomputed to the most: megatron's "selective" (the
 # attention core again in backward), torchtitan's two selective policies ("every-other-block": every second block
 # checkpointed whole; "op-selective": every block recomputed but for its attention and every other matmul's
-# output, software.TORCHTITAN_2024) and "full" (every block's forward again). The runtime runs megatron-core's.
+# output, software.TORCHTITAN_2024) and "full" (every block's forward again). The runtime runs megatron-core's
+# (software.HYBRIDPAR.recompute_modes).
 RECOMPUTE_MODES = ("none", "selective", "every-other-block", "op-selective", "full")
-RUNTIME_RECOMPUTE_MODES = ("none", "selective", "full")
 # Forward passes a block runs per micro-batch where recomputation repeats its TP collectives ("op-selective" keeps
 # torchtitan's reduce-scatters, on its policy's list, and is counted as not repeating them [assumed]), and the share
 # of its attention core run again in backward (where context parallelism exchanges K and V again).

@@ -36,7 +36,8 @@ from typing import Optional, Union, get_args, get_origin, get_type_hints
 from hybridpar.topology.hardware import HardwareError, load_gpu
 from hybridpar.topology.layout import DEFAULT_ORDER, ORDERS
 from hybridpar.topology.models import PRESETS, ModelSpec, ModelSpecError, load_model, model_from_dict
-from hybridpar.topology.plan import RUNTIME_RECOMPUTE_MODES, Plan
+from hybridpar.topology.plan import Plan
+from hybridpar.topology.software import HYBRIDPAR
 from hybridpar.topology.spec_files import read_mapping
 
 from hybridpar.config.mixture import BLOCK, block_counts
@@ -224,8 +225,8 @@ class Recipe:
             out.append(f"parallel.order {p.order!r} unknown; choose one of {', '.join(ORDERS)}")
         if p.zero not in ZERO_STAGES:
             out.append(f"parallel.zero {p.zero} not supported: use 0, 1 or 2 (ZeRO-3 is not part of this runtime)")
-        if p.recompute not in RUNTIME_RECOMPUTE_MODES:
-            out.append(f"parallel.recompute must be one of {', '.join(RUNTIME_RECOMPUTE_MODES)}, got {p.recompute!r}")
+        if p.recompute not in HYBRIDPAR.recompute_modes:
+            out.append(f"parallel.recompute must be one of {', '.join(HYBRIDPAR.recompute_modes)}, got {p.recompute!r}")
         if t.precision not in PRECISIONS:
             out.append(f"train.precision must be one of {', '.join(PRECISIONS)}, got {t.precision!r}")
         for key in ("steps", "global_batch", "seq_len"):

@@ -19,7 +19,7 @@ import sys
 from hybridpar.cli import checkpoint_flags, reliability_flags, watch_flags
 from hybridpar.errors import UsageError
 from hybridpar.reliability.run_dir import STATUS_FILE as STATUS
-from hybridpar.topology.plan import RUNTIME_RECOMPUTE_MODES
+from hybridpar.topology.software import HYBRIDPAR
 
 HELP = "train a recipe: --nproc N starts N local ranks; under torchrun it runs as one rank"
 
@@ -38,7 +38,7 @@ def add_arguments(p):
     p.add_argument("--vpp", type=int, help="virtual pipeline stages per rank (interleaved 1F1B)")
     p.add_argument("--zero", type=int, help="ZeRO stage on the DP axis: 0, 1 or 2")
     p.add_argument("--micro-batch", type=int, help="sequences per micro-batch")
-    p.add_argument("--recompute", choices=list(RUNTIME_RECOMPUTE_MODES),
+    p.add_argument("--recompute", choices=list(HYBRIDPAR.recompute_modes),
                    help="activation recomputation: none, selective (core attention) or full (whole layers)")
     p.add_argument("--global-batch", type=int, help="sequences per optimizer step, over all replicas")
     p.add_argument("--steps", type=int, help="total optimizer steps of the run (the LR schedule's length)")
