@@ -2,6 +2,8 @@
 "every-other-block" (every second block checkpointed whole) and "op-selective" (each block keeps its attention
 output and every other matmul's output). Both sit between no recomputation and full recomputation, in time and in
 memory, by the amounts their definitions give; hybridpar's own runtime does not offer them."""
+from pathlib import Path
+
 import pytest
 
 from hybridpar.config.recipe import load_recipe, with_overrides
@@ -64,5 +66,5 @@ def test_memory_between_none_and_full_with_one_block_recomputed():
 
 
 def test_the_runtime_refuses_the_planners_torchtitan_policies():
-    recipe = with_overrides(load_recipe("recipes/tiny.yaml"), recompute="op-selective")
+    recipe = with_overrides(load_recipe(str(Path(__file__).resolve().parents[2] / "recipes" / "tiny.yaml")), recompute="op-selective")
     assert any("parallel.recompute must be one of none, selective, full" in p for p in recipe.problems())
