@@ -108,7 +108,8 @@ def _profile(case: dict) -> Software:
                        cross_entropy=case.get("cross_entropy", sw.cross_entropy),
                        attention_fraction=case.get("attention_fraction", sw.attention_fraction),
                        tp_comm_overlap=case.get("tp_comm_overlap", sw.tp_comm_overlap),
-                       norm_fusion=case.get("norm_fusion", sw.norm_fusion))
+                       norm_fusion=case.get("norm_fusion", sw.norm_fusion),
+                       fp8_param_gather=case.get("fp8_param_gather", sw.fp8_param_gather))
     if case["id"].startswith("llama3"):
         # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2, as megatron-core's
         # profile); FlashAttention-2 on H100 reaches "only 35% utilization" (FlashAttention-3 paper,
@@ -150,7 +151,7 @@ def case_plans(case: dict) -> list[Plan]:
             plan = Plan(m, case["seq_len"], case["global_batch_seqs"], tp=case["tp"], cp=case["cp"],
                         pp=case["pp"], dp=case["dp"], vpp=v, micro_batch=mb, zero_stage=case["zero_stage"],
                         recompute=case["recompute"] or "none", sequence_parallel=modern and case["tp"] > 1,
-                        precision="fp16" if case["precision"].startswith("fp16") else "bf16",
+                        precision=next((p for p in ("fp16", "fp8") if case["precision"].startswith(p)), "bf16"),
                         gpu=case["gpu"].lower(),
                         lighter_end_stages=case["pp"] > 1 and case["layers"] % case["pp"] != 0)
             if not plan.violations():

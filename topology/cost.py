@@ -22,6 +22,7 @@ from math import ceil
 
 from .eager_layer import eager_layer_bytes
 from .flops import causal_attention_flops, model_flops_per_seq
+from .fp8 import GATHER_SHARE, TRANSFORMER_ENGINE, layer_cast_bytes, layer_cast_kernels
 from .hardware import GPU, get_gpu
 from .kernels import (ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES,
                       SWIGLU_UNFUSED_HBM, SWIGLU_UNFUSED_PASSES, attention_shape_factor, gemm_fwd_bwd, gemm_time,
@@ -32,6 +33,7 @@ from .models import ModelSpec
 from .plan import RECOMPUTED_ATTENTION, RECOMPUTED_FORWARDS, Plan
 from .software import CROSS_ENTROPY_KERNELS, GRAD_BUCKET_NUMEL, HYBRIDPAR, Software
 from .stages import Stage, params_per_rank, stages
+from .userbuffers import UB_BULK_SMS, userbuffers_tp_time
 
 
 def optimizer_step_bytes(sw: Software, zero_stage: int, zero_group: int) -> int:
@@ -84,40 +86,10 @@ def _hidden(comm: float, gemm: float, sw: Software, gpu: GPU, nodes: int) -> flo
     return _beside_gemm(comm, gemm, nccl_sm_share(gpu, nodes))
 
 
-# Transformer Engine's userbuffers (Software.tp_comm_overlap), as NeMo's recipes configure them
-# (NVIDIA/dgxc-benchmarking v24.11.1 llama3.1/llama3.1_70b.yaml, ub_tp_comm_overlap_cfg) [S]: the
-# all-gathers before the QKV and fc1 GEMMs and before the proj and fc2 input-gradient GEMMs are
-# `ring_exchange`: tp steps, each multiplying the chunk of tokens at hand while the next arrives over
-# NVLink by copy engine (num_sm 1: no SMs taken); the reduce-scatters after the proj and fc2 GEMMs are
-# `pipeline`: the GEMM in UB_RS_SPLITS chunks on the SMs the reduce-scatter leaves (set_sm_margin 1), each
-# chunk's reduce-scatter beside the next chunk's GEMM, the last one after it. The weight-gradient
-# re-gather and the input-gradient reduce-scatter (`bulk`) overlap whole GEMMs as megatron-core's async
-# collectives do, on the SMs UB_BULK_SMS gives them rather than NCCL's channels.
-UB_RS_SPLITS = 4
-UB_RS_SMS = {"proj": 24, "fc2": 16}
-# `bulk`: the input re-gather beside the input-gradient GEMM and the input-gradient reduce-scatter beside the
-# weight-gradient GEMM, on num_sm SMs each (qkv_dgrad 4, qkv_wgrad 24, fc1_dgrad 2, fc1_wgrad 4).
-UB_BULK_SMS = {"qkv": (4, 24), "fc1": (2, 4)}
-
-
 def _beside_gemm(comm: float, gemm: float, sm_share: float) -> float:
     """A collective of ``comm`` seconds beside a GEMM of ``gemm``: what outlasts the GEMM, and the GEMM's
     loss to the ``sm_share`` of the SMs the collective holds meanwhile."""
     return max(0.0, comm - gemm) + min(comm, gemm) * sm_share
-
-
-def ub_ring_exchange(gather_s: float, chunk_gemm_s: float, tp: int) -> float:
-    """Seconds of an all-gather of ``gather_s`` fed chunk by chunk into a GEMM of ``chunk_gemm_s`` per
-    chunk of 1/tp of the tokens: tp - 1 exchange steps, each beside one chunk's GEMM, then the last
-    chunk's GEMM."""
-    return (tp - 1) * max(chunk_gemm_s, gather_s / (tp - 1)) + chunk_gemm_s
-
-
-def ub_pipeline(scatter_s: float, chunk_gemm_s: float) -> float:
-    """Seconds of a GEMM in UB_RS_SPLITS chunks of ``chunk_gemm_s`` (on the SMs the reduce-scatter
-    leaves) whose output is reduce-scattered, ``scatter_s`` in all, chunk by chunk behind it."""
-    step = scatter_s / UB_RS_SPLITS
-    return chunk_gemm_s + (UB_RS_SPLITS - 1) * max(chunk_gemm_s, step) + step
 
 
 @lru_cache(maxsize=None)
@@ -125,7 +97,10 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
                sp: bool, recompute: str, sw: Software, gpus_per_node: int) -> LayerTime:
     peak = gpu.peak_tflops(precision) * 1e12
     peak16 = gpu.bf16_tflops * 1e12
-    in_bytes = 1 if precision == "fp8" else 2
+    te_fp8 = precision == "fp8"
+    if te_fp8 and sw.fp8 != TRANSFORMER_ENGINE:
+        raise ValueError(f"{sw.name} has no fp8 training to cost")
+    in_bytes = 1 if te_fp8 else 2
     h, f, kv, d = m.hidden, m.ffn_hidden, m.kv_heads * m.head_dim, m.head_dim
     s_loc = seq // cp
     tokens = mb * s_loc
@@ -179,10 +154,16 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
             f_s, b_s = unfused_time(tokens * elements, passes, efficiency, gpu)
             fwd, bwd = fwd + f_s, bwd + b_s
     f_b, b_b = eager_layer_bytes(m, sw, tp, sp)
+    kernels_f, kernels_b = sw.kernels_per_layer
+    if te_fp8:  # Transformer Engine's casts and transposes around the GEMMs (topology/fp8.py)
+        cast_f, cast_b = layer_cast_bytes(m, tp, sp)
+        f_b, b_b = f_b + cast_f, b_b + cast_b
+        extra_f, extra_b = layer_cast_kernels(sp)
+        kernels_f, kernels_b = kernels_f + extra_f, kernels_b + extra_b
     fwd, bwd = fwd + hbm_time(tokens * f_b, gpu), bwd + hbm_time(tokens * b_b, gpu)
     elementwise_fwd = fwd - before_elementwise
-    fwd = kernel_bound(fwd, sw.kernels_per_layer[0], sw.launch_blocking)
-    bwd = kernel_bound(bwd, sw.kernels_per_layer[1], sw.launch_blocking)
+    fwd = kernel_bound(fwd, kernels_f, sw.launch_blocking)
+    bwd = kernel_bound(bwd, kernels_b, sw.launch_blocking)
     if recompute == "full":
         bwd += fwd
     elif recompute == "every-other-block":  # half the blocks repeat their forward: per block on average
@@ -208,19 +189,23 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         # Exposure: see software.Software.tp_bwd_overlap. Full recomputation repeats the forward's 2.
         ar = _tp_allreduce_equivalent(tokens * h * 2, gpu, tp, sp, gpus_per_node)
         nodes = group_nodes(tp, tp, gpus_per_node)
+        # With sequence parallelism `ar` is an all-gather and a reduce-scatter, half each; under Transformer
+        # Engine's fp8 the gathers (norm outputs, row-parallel output gradients) move fp8 (topology/fp8.py).
+        gather = ar / 2 * (_fp8_gather_share(tokens * h * 2, gpu, tp, gpus_per_node) if te_fp8 and sp else 1.0)
         userbuffers = sw.tp_comm_overlap and sp and nodes == 1
         if userbuffers:
-            fwd_tp, row_grad_gathers = _userbuffers(gemms, tokens, h * 2, gpu, peak, in_bytes, tp)
+            fwd_tp, row_grad_gathers = userbuffers_tp_time(gemms, tokens, h * 2, gpu, peak, in_bytes, tp,
+                                                    gather_token_bytes=h * in_bytes)
         else:
-            fwd_tp, row_grad_gathers = 2 * ar, ar if sp else 0.0
+            fwd_tp, row_grad_gathers = (2 * (gather + ar / 2), 2 * gather) if sp else (2 * ar, 0.0)
         tp_t = RECOMPUTED_FORWARDS.get(recompute, 1) * fwd_tp + row_grad_gathers
         for name, (*_, dgrad, wgrad) in zip(("qkv", "fc1"), gemms[::2]):  # the column-parallel QKV and fc1
             if userbuffers:  # bulk overlaps on the SMs userbuffers' configuration gives them
                 gather_sms, scatter_sms = UB_BULK_SMS[name]
-                tp_t += (_beside_gemm(ar / 2, dgrad, gather_sms / gpu.sms)
+                tp_t += (_beside_gemm(gather, dgrad, gather_sms / gpu.sms)
                          + _beside_gemm(ar / 2, wgrad, scatter_sms / gpu.sms))
             elif sp:
-                tp_t += _hidden(ar / 2, dgrad, sw, gpu, nodes) + _hidden(ar / 2, wgrad, sw, gpu, nodes)
+                tp_t += _hidden(gather, dgrad, sw, gpu, nodes) + _hidden(ar / 2, wgrad, sw, gpu, nodes)
             else:
                 tp_t += _hidden(ar, wgrad, sw, gpu, nodes)
     cp_t = 0.0
@@ -236,29 +221,11 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     return LayerTime(fwd, bwd, tp_t, cp_t)
 
 
-def _userbuffers(gemms: list, tokens: int, token_bytes: int, gpu: GPU, peak: float, in_bytes: int,
-                 tp: int) -> tuple[float, float]:
-    """Seconds the sequence-parallel TP collectives add beyond their GEMMs under Transformer Engine's
-    userbuffers (UB_RS_SPLITS): the forward pass's (QKV and fc1 gathers, proj and fc2 reduce-scatters)
-    and the backward's output-gradient gathers before the proj and fc2 input-gradient GEMMs."""
-    (qkv_k, qkv_n, qkv, _, _), (proj_k, proj_n, proj, proj_dgrad, _) = gemms[:2]
-    (fc1_k, fc1_n, fc1, _, _), (fc2_k, fc2_n, fc2, fc2_dgrad, _) = gemms[2:]
-    gather = collective_time("all-gather", tokens * token_bytes, tp, 1, gpu.nvlink_gbps, gpu)
-    scatter = collective_time("reduce-scatter", tokens * token_bytes, tp, 1, gpu.nvlink_gbps, gpu)
-    chunk = -(-tokens // tp)
-
-    def gathered(k: int, n: int, whole: float) -> float:
-        return ub_ring_exchange(gather, gemm_time(chunk, k, n, gpu, peak, 1, in_bytes), tp) - whole
-
-    def scattered(k: int, n: int, whole: float, sms: int) -> float:
-        rest = replace(gpu, sms=max(1, gpu.sms - sms))  # a GPU file may describe a GPU with fewer SMs
-        part = gemm_time(-(-tokens // UB_RS_SPLITS), k, n, rest, peak, 1, in_bytes)
-        return ub_pipeline(scatter, part) - whole
-
-    forward = (gathered(qkv_k, qkv_n, qkv) + scattered(proj_k, proj_n, proj, UB_RS_SMS["proj"])
-               + gathered(fc1_k, fc1_n, fc1) + scattered(fc2_k, fc2_n, fc2, UB_RS_SMS["fc2"]))
-    backward = gathered(proj_n, proj_k, proj_dgrad) + gathered(fc2_n, fc2_k, fc2_dgrad)
-    return forward, backward
+def _fp8_gather_share(nbytes: float, gpu: GPU, tp: int, gpus_per_node: int) -> float:
+    """An fp8 all-gather's time over that of the 16-bit one of ``nbytes`` it replaces."""
+    bw, nodes = _tp_bw(gpu, tp, gpus_per_node), group_nodes(tp, tp, gpus_per_node)
+    whole = collective_time("all-gather", nbytes, tp, nodes, bw, gpu)
+    return collective_time("all-gather", nbytes * GATHER_SHARE, tp, nodes, bw, gpu) / whole if whole else 1.0
 
 
 @lru_cache(maxsize=None)
@@ -379,7 +346,8 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
         return calls * collective_time(op, n_params / calls * bytes_per_param, d, nodes, bw, gpu)
 
     grad = bucketed("reduce-scatter", 4 if sw.fp32_grads else 2)
-    gather = bucketed("all-gather", 2)  # 16-bit weights
+    # 16-bit weights; fp8 ones where the stack gathers the fp8 parameters (Software.fp8_param_gather)
+    gather = bucketed("all-gather", 1 if plan.precision == "fp8" and sw.fp8_param_gather else 2)
 
     def exposed(t: float, behind: float, on: bool) -> float:
         """Bucket by bucket behind ``behind`` seconds of compute, except one bucket (the first
@@ -449,13 +417,15 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
         # Paired send+receive exchanges, or (blocking_p2p) a send and a receive one at a time.
         pp_msg = (2 if sw.blocking_p2p else 1) * (link_time(pp_message_bytes(plan, sw), bw)
                                                   + nccl_latency(1, 2, 2 if crosses else 1))
+    # The output layer runs in 16 bits under fp8: Transformer Engine's fp8_autocast covers the layers only
+    outside = "bf16" if plan.precision == "fp8" else plan.precision
     worst = None
     for st in stages(plan):  # the slowest pipeline rank, all its per-micro-batch terms
         fwd, bwd = st.layers * lt.fwd, st.layers * lt.bwd
         if st.has_output:
-            of, ob = output_layer_time(m, gpu, plan.precision, tokens, plan.tp, sw.cross_entropy)
+            of, ob = output_layer_time(m, gpu, outside, tokens, plan.tp, sw.cross_entropy)
             fwd, bwd = fwd + of, bwd + ob
-        tp = st.layers * lt.tp + end_stage_tp_time(m, gpu, plan.precision, tokens, plan.tp, sp, sw,
+        tp = st.layers * lt.tp + end_stage_tp_time(m, gpu, outside, tokens, plan.tp, sp, sw,
                                                     plan.gpus_per_node, st.has_embedding, st.has_output)
         pp = pp_messages(plan, st) * pp_msg
         key = fwd + bwd + tp + st.layers * lt.cp + pp

@@ -54,6 +54,15 @@ class GPU:
     # collectives inside one node take, by operation, group size and bytes (links.collective_time). None:
     # NCCL's latency model and LINK_EFFICIENCY of nvlink_gbps.
     nvlink_collectives: str | None = None
+    # MAMF of an fp8 GEMM (float8_e4m3fn operands) as a fraction of the dense fp8 peak; None: no fp8
+    # measurement, the bf16 gemm_fraction is assumed.
+    fp8_gemm_fraction: float | None = None
+
+    def gemm_fraction_for(self, operand_bytes: int) -> float:
+        """The MAMF fraction of a GEMM whose operands take ``operand_bytes`` (1: fp8)."""
+        if operand_bytes == 1 and self.fp8_gemm_fraction is not None:
+            return self.fp8_gemm_fraction
+        return self.gemm_fraction
 
     def peak_tflops(self, precision: str) -> float:
         if precision == "fp8":
@@ -88,7 +97,9 @@ _A100 = dict(bf16_tflops=312.0, fp8_tflops=None, nvlink_gbps=300.0, network_gbps
 
 # H100 SXM: 989 dense bf16, 1979 dense fp8; 80 GB HBM3 at 3.35 TB/s; NVLink 4 900 GB/s per GPU
 # bidirectional; 8 x 400 Gb/s compute NICs per node = 50 GB/s per GPU (NVIDIA dgxc-benchmarking
-# README) [V]. 132 SMs [S]. MAMF 792.1 TFLOP/s = 0.801 of peak (Bekman table) [S]. Sustained: with
+# README) [V]. 132 SMs [S]. MAMF 792.1 TFLOP/s = 0.801 of peak (Bekman table) [S]; fp8 (float8_e4m3fn) MAMF
+# 1,402.6 of 1,979 = 0.709, H200 1,453.4 = 0.734 (the same table's FP8 part, torch 2.7) [S]; the
+# sustained share below, measured with bf16, is assumed for fp8. Sustained: with
 # all 8 GPUs of a node running matmuls (mamf-finder-all-gpus.py, 5 rounds, n = 40), H200 bf16 -
 # the same GH100 at the same 700 W - sustains 698.6 TFLOP/s where its burst reaches 823.9, SM
 # clocks 1405-1527 MHz against the 1980 MHz boost: 0.848 (ml-engineering,
@@ -103,20 +114,21 @@ _A100 = dict(bf16_tflops=312.0, fp8_tflops=None, nvlink_gbps=300.0, network_gbps
 # NVSwitch (topology/collectives.py) [V]; H800, whose NVLink is cut, keeps the model.
 _H100 = dict(bf16_tflops=989.0, fp8_tflops=1979.0, nvlink_gbps=450.0, network_gbps=50.0,
              gpus_per_node=8, sms=132, gemm_fraction=0.801, attention_fraction=0.5, host_link_gbps=64.0,
-             sustained_clock=round(698.6 / 823.9, 3), nvlink_collectives="h100-nvlink4")
+             sustained_clock=round(698.6 / 823.9, 3), nvlink_collectives="h100-nvlink4",
+             fp8_gemm_fraction=round(1402.6 / 1979, 3))
 
 # B200 (HGX, 1,000 W): 2,250 dense bf16, 4,500 dense fp8 TFLOP/s; HBM3e at 8 TB/s; NVLink 5
 # 1.8 TB/s per GPU bidirectional = 900 per direction (glennklockwood.com B200 notes; Vultr HGX B200
 # overview) [S]; nvidia-smi shows 179 GiB (Vultr) [S]. DGX B200: 8 x 400 Gb/s ConnectX-7 compute
 # NICs = 50 GB/s per GPU [R]; 148 SMs [R]. GEMMs: MAMF 1,745 TFLOP/s = 0.776 of peak (Bekman table,
-# torch 2.7.1) [S]; OpenXLA's measured sm_100 table (xla/service/gpu/model/matmul_interpolator_data.h)
+# torch 2.7.1) [S]; fp8 MAMF 3,432.5 of 4,500 = 0.763 (its FP8 part) [S]; OpenXLA's measured sm_100 table (xla/service/gpu/model/matmul_interpolator_data.h)
 # stops at 4,096 and peaks at 1,670. Sustained with all 8 GPUs computing: 1,426.4 TFLOP/s against a
 # 1,751.2 burst = 0.815 (ml-engineering benchmarks README, B200 bf16, n = 40) [S]. Attention on
 # Blackwell: no stored measurement; 0.5 as for H100 [assumed]. Host link: PCIe Gen5 x16 = 64 GB/s per
 # direction [R].
 _B200 = dict(bf16_tflops=2250.0, fp8_tflops=4500.0, nvlink_gbps=900.0, network_gbps=50.0,
              gpus_per_node=8, sms=148, gemm_fraction=0.776, attention_fraction=0.5, host_link_gbps=64.0,
-             sustained_clock=round(1426.4 / 1751.2, 3))
+             sustained_clock=round(1426.4 / 1751.2, 3), fp8_gemm_fraction=round(3432.5 / 4500, 3))
 
 CATALOGUE: dict[str, GPU] = {
     "a100-40gb": GPU("a100-40gb", memory_gib=40.0, hbm_tbps=1.555, **_A100),
@@ -130,7 +142,8 @@ CATALOGUE: dict[str, GPU] = {
                      **{**_H100, "nvlink_gbps": 200.0, "network_gbps": 50.0, "nvlink_collectives": None}),
     # H200: GH100 compute as H100 (989 / 1979 dense), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s
     # bidirectional, 700 W (formulas.md §7) [S]; nvidia-smi shows 143,771 MiB [R].
-    "h200-141gb": GPU("h200-141gb", memory_gib=140.4, hbm_tbps=4.8, **_H100),
+    "h200-141gb": GPU("h200-141gb", memory_gib=140.4, hbm_tbps=4.8,
+                      **{**_H100, "fp8_gemm_fraction": round(1453.4 / 1979, 3)}),
     "b200-180gb": GPU("b200-180gb", memory_gib=179.0, hbm_tbps=8.0, **_B200),
 }
 
@@ -173,7 +186,7 @@ def get_gpu(name: str) -> GPU:
 # cluster: "base" names a catalogue entry whose values the file's keys replace (e.g. a measured
 # gemm_fraction from mamf-finder, the NICs of one's nodes); without "base" every field is given.
 _GPU_FIELDS = tuple(f.name for f in fields(GPU))
-_FRACTIONS = ("gemm_fraction", "attention_fraction", "sustained_clock")
+_FRACTIONS = ("gemm_fraction", "attention_fraction", "sustained_clock", "fp8_gemm_fraction")
 _COUNTS = ("gpus_per_node", "sms")
 
 
@@ -190,6 +203,7 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
         values = {**asdict(base), "name": file_gpu_name(base.name, source), **values}
     values.setdefault("name", Path(source).stem)
     values.setdefault("fp8_tflops", None)
+    values.setdefault("fp8_gemm_fraction", None)
     values.setdefault("host_link_gbps", DEFAULT_HOST_LINK_GBPS)
     values.setdefault("sustained_clock", 1.0)  # no measurement: burst rates
     if "nvlink_gbps" in data and "nvlink_collectives" not in data:
@@ -203,7 +217,7 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
             if not isinstance(value, str) or not value.strip():
                 raise HardwareError(f"{source}: name must be a non-empty string, got {value!r}")
             continue
-        if key == "fp8_tflops" and value is None:
+        if key in ("fp8_tflops", "fp8_gemm_fraction") and value is None:
             continue
         if key == "nvlink_collectives":
             if value is not None and value not in TABLES:

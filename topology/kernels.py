@@ -1,7 +1,7 @@
 """What one GPU's kernels cost, shape by shape, on the GPU's measured rates (topology/hardware.py).
 
 * GEMMs: roofline per GEMM. Compute runs at the GPU's maximum achievable matmul rate
-  (hardware.GPU.gemm_fraction x dense peak) at the clock a busy node sustains
+  (hardware.GPU.gemm_fraction, fp8_gemm_fraction for fp8 operands, x dense peak) at the clock a busy node sustains
   (hardware.GPU.sustained_clock, as attention does), reduced by wave quantisation: the output is cut
   into 128 x 256 tiles (the large CUTLASS/cuBLAS tile on Ampere and Hopper) and a wave of tiles
   occupies every SM, so a partial last wave idles the rest; memory time is the GEMM's operands
@@ -128,7 +128,7 @@ def gemm_time(m: int, k: int, n: int, gpu: GPU, peak: float, batch: int = 1, in_
     best of the tile shapes cuBLAS chooses among, and the short-K cost. Where a shape has fewer tiles
     than SMs, split-K is among the choices (SPLIT_K_MIN)."""
     memory = batch * (in_bytes * (m * k + k * n) + 2 * m * n) / (gpu.hbm_tbps * 1e12 * HBM_EFFICIENCY)
-    rate = peak * gpu.gemm_fraction * gpu.sustained_clock
+    rate = peak * gpu.gemm_fraction_for(in_bytes) * gpu.sustained_clock
     best = float("inf")
     for tm, tn in TILES:
         for a, b in ((tm, tn), (tn, tm)):

@@ -45,7 +45,7 @@ class Evaluated:
             "memory_gib": mem.gib(),  # every part, and their sum
             "fits": self.fits, "step_time_s": round(c.step_time_s, 4),
             "tokens_per_s": round(c.tokens_per_s, 1), "tflops_per_gpu": round(c.tflops_per_gpu, 1),
-            "mfu": round(c.mfu, 4), "bubble_fraction": round(c.bubble_fraction, 4),
+            "precision": p.precision, "mfu": round(c.mfu, 4), "bubble_fraction": round(c.bubble_fraction, 4),
             "comm_s": {k: round(v, 4) for k, v in c.comm().items()}, **extra,
         }
 

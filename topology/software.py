@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .kernels import HBM_EFFICIENCY, MIXED_ADD_HBM
+from .fp8 import TRANSFORMER_ENGINE
 
 
 # Gradient bucket of the overlapped DP reduction: megatron-core's default 40M elements
@@ -164,6 +165,13 @@ class Software:
     # attention may copy V into a layout of its own, freeing the QKV output; not measured here (no TE
     # on CPU), so the other profiles keep Korthikanti's count.
     rope_copies_kept: bool = False
+    # How the stack trains in fp8 (--precision fp8): fp8.TRANSFORMER_ENGINE, Transformer Engine's delayed
+    # scaling inside megatron-core's layers (topology/fp8.py); None: it has no fp8 training, and the
+    # planner refuses to cost it. hybridpar's runtime builds megatron-core's local layers, without TE.
+    fp8: str | None = None
+    # Under fp8, the distributed optimizer all-gathers the updated weights as fp8 (Megatron-LM
+    # --fp8-param-gather; NeMo's fp8 precision plugins set it): 1 byte per parameter, not 2.
+    fp8_param_gather: bool = False
     # SwiGLU as one fused function (megatron-core bias_activation_fusion: fusions/fused_bias_swiglu.py
     # keeps only its input, gate and up, and recomputes in backward). False: megatron-core 0.16's
     # unfused glu (transformer/mlp.py): silu(gate) * (up + glu_linear_offset), where the silu output
@@ -293,7 +301,8 @@ HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1,
 # (megatron/training/arguments.py) [R]; NeMo 2 recipes set apply_rope_fusion and bias_activation_fusion [R].
 MEGATRON_CORE = replace(HYBRIDPAR, name="megatron-core", label="megatron-core", zero2_reduce_once=False, dp_inside_pp=True,
                         zero_stages=(0, 1, 2, 3), grad_accum_bytes_per_param=0, optimizer_temp_bytes_per_param=0,
-                        rope_fusion=True, swiglu_fusion=True, rope_copies_kept=False, optimizer_step_bytes_counted=None)
+                        rope_fusion=True, swiglu_fusion=True, rope_copies_kept=False, optimizer_step_bytes_counted=None,
+                        fp8=TRANSFORMER_ENGINE)
 # NeMo 1 (the NeMo-Framework-Launcher YAML recipes of NVIDIA's dgxc-benchmarking 24.09-24.11: the
 # llama3.1_8b/70b/405b.yaml and nemotron4-15b/340b-synth.yaml files of its v24.11.1 tag [V]):
 # megatron-core layers under apex's DistributedFusedAdam ("optim: name: distributed_fused_adam",
@@ -420,7 +429,7 @@ FSDP_CAST_TO_FP32 = 6
 # by the clamped coefficient: 12. tests/unit/test_planner_fsdp_step_bytes.py counts the sequence with
 # hybridpar's TrafficCounter.
 FSDP_COMPOSER_STEP_BYTES = 84 + 12
-_PYTORCH_FSDP = replace(MEGATRON_CORE, zero_stages=(3,), optimizer_temp_bytes_per_param=0, fp32_flat_shards=True,
+_PYTORCH_FSDP = replace(MEGATRON_CORE, zero_stages=(3,), optimizer_temp_bytes_per_param=0, fp32_flat_shards=True, fp8=None,
                         optimizer_step_bytes_counted=(FSDP_COMPOSER_STEP_BYTES,) * 3)
 # Reduction in bf16: Composer's PURE mode (param, reduce and buffer dtypes bf16), and its DEFAULT mode up to
 # Composer 0.16.3, which set param_dtype and buffer_dtype only, so that FSDP infers reduce_dtype = param_dtype

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from .cases import CASES_PATH, VALIDATION_PATH, case_stack, load_cases, predict_case
+from .search import Evaluated
 from .hardware import GIB, catalogue_base, get_gpu
 
 # The range given with a prediction: the 10th to 90th percentile of reported / predicted over the
@@ -61,12 +62,18 @@ class CaseCheck:
         return self.fits == self.ran
 
 
+def _mfu_16bit(e: Evaluated, case: dict) -> float:
+    """Predicted MFU over the dense 16-bit peak, the convention of model_flops_mfu for every run (an fp8
+    plan's own MFU is over the fp8 peak)."""
+    return e.cost.tflops_per_gpu / get_gpu(case["gpu"].lower()).bf16_tflops
+
+
 def check(case: dict) -> CaseCheck:
     e = predict_case(case)
     p = e.plan
     layout = f"{p.tp}/{p.pp}/{p.cp}/{p.dp} mb{p.micro_batch}" + (f" v{p.vpp}" if p.vpp > 1 else "")
     return CaseCheck(case["id"], case["num_gpus"], case["gpu"].lower(), layout, p.model.total_params,
-                     p.model.hidden // p.tp, p.seq_len, case.get("model_flops_mfu"), e.cost.mfu,
+                     p.model.hidden // p.tp, p.seq_len, case.get("model_flops_mfu"), _mfu_16bit(e, case),
                      e.memory.total / GIB, get_gpu(case["gpu"].lower()).memory_gib, e.fits,
                      case.get("outcome", "ran") != "oom", case.get("sweep"), case_stack(case))
 

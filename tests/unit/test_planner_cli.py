@@ -95,6 +95,7 @@ BAD = [
     (["--model", "llama3-8b", "--gpus", "8", "--global-batch-tokens", "1000"], "not a multiple of --seq-len"),
     (["--model", "llama3-8b", "--gpus", "8", "--zero", "4"], "--zero"),
     (["--model", "llama3-8b", "--gpus", "8", "--gpu", "a100-80gb", "--precision", "fp8"], "fp8"),
+    (["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--precision", "fp8"], "no fp8 training"),
     (["--model", "llama3-405b", "--gpus", "8"], "no feasible plan"),
     (["--validate", "--gpus", "8", "--software", "megatron-core"], "--gpus, --software would be ignored"),
 ]
@@ -476,3 +477,13 @@ def test_torchtitan_2024_splits_a_replica_by_tp_only(capsys):
     assert {p["recompute"] for p in plans} <= {"none", "every-other-block", "op-selective", "full"}
     code, _, err = run(["--model", "llama3-70b", "--gpus", "512", "--software", "torchtitan-2024", "--pp", "4"], capsys)
     assert code == 2 and "pp 4 is not part of torchtitan 2024" in err and len(err.strip().splitlines()) == 1
+
+
+def test_fp8_plans_say_what_their_mfu_is_over(capsys):
+    code, out, _ = run(["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--precision", "fp8",
+                        "--software", "megatron-core", "--top", "1"], capsys)
+    assert code == 0 and "fp8: MFU over the dense fp8 peak (1,979 TFLOP/s)" in out
+    data = json.loads(run(["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--precision", "fp8",
+                           "--software", "megatron-core", "--json"], capsys)[1])
+    best = data["plans"][0]
+    assert best["precision"] == "fp8" and best["mfu"] == pytest.approx(best["tflops_per_gpu"] / 1979, abs=1e-3)

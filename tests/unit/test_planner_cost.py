@@ -60,7 +60,7 @@ def test_userbuffers_overlap_each_collective_chunk_by_chunk():
     collective longer than the GEMM shows through by its excess and one chunk, a shorter one costs only
     the chunks. ub_pipeline: the GEMM in UB_RS_SPLITS parts, each part's reduce-scatter beside the next
     part, the last part's after it."""
-    from hybridpar.topology.cost import UB_RS_SPLITS, ub_pipeline, ub_ring_exchange
+    from hybridpar.topology.userbuffers import UB_RS_SPLITS, ub_pipeline, ub_ring_exchange
 
     assert ub_ring_exchange(7.0, 0.5, 8) == pytest.approx(7.0 + 0.5)  # communication-bound
     assert ub_ring_exchange(1.0, 0.5, 8) == pytest.approx(8 * 0.5)  # GEMM-bound: the chunks alone

@@ -12,7 +12,7 @@ from hybridpar.topology.software import HYBRIDPAR, MEGATRON_CORE
 
 LLAMA = PRESETS["llama3-405b"]
 PLAN_KEYS = {"tp", "pp", "cp", "dp", "vpp", "micro_batch", "grad_accum", "zero_stage", "recompute",
-             "memory_gib", "fits", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+             "memory_gib", "fits", "step_time_s", "tokens_per_s", "tflops_per_gpu", "precision", "mfu",
              "bubble_fraction", "comm_s"}
 
 

@@ -154,6 +154,9 @@ def build_request(args) -> tuple[Request, int]:
                              f"layers, which --software {software.name} does not have; drop the flag or use "
                              f"--software megatron-core")
         software = replace(software, tp_comm_overlap=True)
+    if args.precision == "fp8" and software.fp8 is None:
+        raise UsageError(f"--precision fp8: {software.label} has no fp8 training to plan; use --software megatron-core "
+                         f"(or a NeMo profile: Transformer Engine's fp8) or --precision bf16")
     if software.name == "deepspeed-pipe-bf16" and args.precision != "bf16":
         raise UsageError(f"--software deepspeed-pipe-bf16 models DeepSpeed's BF16_Optimizer; use --precision bf16, "
                          f"not {args.precision}")
@@ -330,6 +333,9 @@ def render(req: Request, result) -> str:
                      f"{c.tokens_per_s:>10,.0f} {c.tflops_per_gpu:>7.1f} {mfu:>13} {c.bubble_fraction:>6.1%} "
                      f"{e.memory.total / GIB:>5.1f} {fits}")
     lines.append(validation.RANGE_NOTE)
+    if req.precision == "fp8":
+        lines.append(f"fp8: MFU over the dense fp8 peak ({gpu.peak_tflops('fp8'):,.0f} TFLOP/s); the layers' GEMMs in fp8 with "
+                     f"Transformer Engine's casts, the output layer in bf16 (docs/planner.md, FP8)")
     notes = {note for note in (region_note(req, e) for e in result.plans) if note}
     lines += sorted(notes)
     lighter = [str(i) for i, e in enumerate(result.plans, 1) if e.plan.lighter_end_stages]

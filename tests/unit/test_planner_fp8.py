@@ -1,0 +1,106 @@
+"""FP8 as Transformer Engine runs it under megatron-core (topology/fp8.py): the fp8 GEMM rate, the casts and
+transposes counted from TE 1.13's modules, the output layer in 16 bits, the fp8 all-gathers, and the refusal to
+cost fp8 for a stack that has none."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from hybridpar.topology.cost import _fp8_gather_share, layer_time, step_cost
+from hybridpar.topology.fp8 import layer_cast_bytes, layer_cast_kernels
+from hybridpar.topology.hardware import HardwareError, get_gpu, gpu_from_dict
+from hybridpar.topology.kernels import gemm_time
+from hybridpar.topology.models import PRESETS
+from hybridpar.topology.plan import Plan
+from hybridpar.topology.software import HYBRIDPAR, MEGATRON_CORE, MEGATRON_CORE_BF16_GRADS, PROFILES
+
+H100 = get_gpu("h100-80gb")
+L8B = PRESETS["llama3-8b"]
+
+
+def _te_tensors(m, tp: int, sp: bool) -> tuple[list, list]:
+    """(elements per token, bytes per element) of every tensor Transformer Engine 1.13 casts or transposes in one
+    layer, listed module by module as its code does it; the norms' fp8 output counted as the byte it saves."""
+    h, kv, f = m.hidden, m.kv_heads * m.head_dim, m.ffn_hidden
+    local = 1 / tp if sp else 1.0
+    forward = [(h * local, -1), (h * local, -1)]  # layernorm_fwd_fp8 before QKV and fc1 writes 1 byte, not 2
+    backward = [(h, 2), (h, 2)]  # fp8_transpose of the gathered norm outputs for the QKV and fc1 wgrads
+    backward += [((h + 2 * kv) / tp, 4), (2 * f / tp, 4)]  # their output gradients: fp8_cast_transpose_fused
+    for row_input in (h / tp, f / tp):  # proj, fc2
+        if sp:
+            forward.append((row_input, 3))  # cast_to_fp8
+            backward += [(row_input, 2), (h * local, 3), (h, 2)]  # input transpose; gradient cast, gathered, transposed
+        else:
+            forward.append((row_input, 4))  # fp8_cast_transpose_fused
+            backward.append((h, 4))  # the output gradient's fp8_cast_transpose_fused
+    return forward, backward
+
+
+@pytest.mark.parametrize("tp,sp", [(1, False), (4, True), (8, True), (2, False)])
+def test_cast_bytes_are_te_tensors_summed(tp, sp):
+    forward, backward = _te_tensors(L8B, tp, sp)
+    f, b = layer_cast_bytes(L8B, tp, sp)
+    assert f == pytest.approx(sum(n * x for n, x in forward))
+    assert b == pytest.approx(sum(n * x for n, x in backward))
+    assert layer_cast_kernels(sp) == (len(forward) - 2, len(backward))  # one kernel a tensor; the norms' are theirs
+
+
+def test_fp8_gemm_runs_at_the_measured_fp8_rate():
+    """The same compute-bound shape (same tiles and waves) in fp8 and bf16: the rates are the two measured MAMFs."""
+    m = n = k = 8192
+    fp8 = gemm_time(m, k, n, H100, H100.fp8_tflops * 1e12, 1, 1)
+    bf16 = gemm_time(m, k, n, H100, H100.bf16_tflops * 1e12, 1, 2)
+    assert H100.fp8_gemm_fraction == pytest.approx(1402.6 / 1979, abs=1e-3)
+    assert bf16 / fp8 == pytest.approx(1979 * H100.fp8_gemm_fraction / (989 * H100.gemm_fraction), rel=1e-9)
+    no_measurement = replace(H100, fp8_gemm_fraction=None)  # a GPU without an fp8 measurement: bf16's fraction
+    assert gemm_time(m, k, n, no_measurement, 1979e12, 1, 1) < fp8
+
+
+def _plan(model, precision, **kw):
+    base = dict(tp=1, pp=1, cp=1, dp=8, vpp=1, micro_batch=1, zero_stage=1, recompute="none",
+                sequence_parallel=True, gpu="h100-80gb")
+    base.update(kw)
+    return Plan(model, 8192, 256, precision=precision, **base)
+
+
+def test_output_layer_stays_in_16_bits_under_fp8():
+    """Only the output layer depends on the vocabulary: a larger one adds the same compute to an fp8 plan as to a
+    bf16 plan, since megatron-core's output layer runs outside Transformer Engine's fp8_autocast."""
+    big_vocab = replace(L8B, vocab=2 * L8B.vocab, name="llama3-8b-2v")
+    added = {p: step_cost(_plan(big_vocab, p), MEGATRON_CORE).compute_s - step_cost(_plan(L8B, p), MEGATRON_CORE).compute_s
+             for p in ("bf16", "fp8")}
+    assert added["fp8"] == pytest.approx(added["bf16"], rel=1e-6) and added["bf16"] > 0
+
+
+def test_fp8_gathers_move_half_the_bytes():
+    share = _fp8_gather_share(8192 * 8192 * 2, H100, 8, 8)
+    assert 0.5 < share < 0.6  # bandwidth-bound: half, plus the call's latency
+    args = (L8B, H100, None, 8192, 1, 8, 1, True, "none")
+    bf16 = layer_time(*args[:2], "bf16", *args[3:], MEGATRON_CORE, 8)
+    fp8 = layer_time(*args[:2], "fp8", *args[3:], MEGATRON_CORE, 8)
+    # the reduce-scatters keep their 16-bit bytes, the gathers halve: between half and all of the bf16 time
+    assert 0.5 * bf16.tp < fp8.tp < 0.9 * bf16.tp
+
+
+def test_fp8_parameter_gather_moves_one_byte_per_parameter():
+    sw = replace(MEGATRON_CORE_BF16_GRADS, overlap_param_gather=False, overlap_grad_reduce=False)
+    plan = _plan(L8B, "fp8", dp=64)
+    without = step_cost(plan, sw).dp_s
+    with_fp8 = step_cost(plan, replace(sw, fp8_param_gather=True)).dp_s
+    grads_only = step_cost(plan, sw).dp_s - with_fp8
+    assert 0 < grads_only < without / 2  # the gather halves, the bf16 gradient reduce-scatter stays
+
+
+def test_only_transformer_engine_stacks_cost_fp8():
+    assert {n for n, sw in PROFILES.items() if sw.fp8} == {"megatron-core", "megatron-core-bf16-grads",
+                                                           "nemo-distributed-fused-adam"}
+    with pytest.raises(ValueError, match="no fp8"):
+        layer_time(L8B, H100, "fp8", 8192, 1, 1, 1, True, "none", HYBRIDPAR, 8)
+
+
+def test_gpu_file_takes_an_fp8_fraction(tmp_path):
+    gpu = gpu_from_dict({"base": "h100-80gb", "fp8_gemm_fraction": 0.65}, str(tmp_path / "mine.json"))
+    assert gpu.gemm_fraction_for(1) == 0.65 and gpu.gemm_fraction_for(2) == H100.gemm_fraction
+    with pytest.raises(HardwareError, match="fp8_gemm_fraction"):
+        gpu_from_dict({"base": "h100-80gb", "fp8_gemm_fraction": 1.4}, str(tmp_path / "bad.json"))

@@ -1,0 +1,55 @@
+"""FP8 training as Transformer Engine runs it under megatron-core (software.Software.fp8 == TRANSFORMER_ENGINE):
+the delayed-scaling recipe's casts and transposes around each GEMM of a layer, in HBM bytes per token, and the
+share of the tensor-parallel all-gathers that move fp8.
+
+Counted from Transformer Engine 1.13 (transformer_engine/pytorch/module/linear.py, layernorm_linear.py and base.py
+grad_output_preprocess) [V]:
+* LayerNormLinear (QKV, fc1): the norm kernel writes its output in fp8 (1 byte, not 2); with sequence parallelism
+  that fp8 output is what is all-gathered, in forward and again in backward; the weight gradient needs it
+  transposed: fp8_transpose, read 1 + write 1 byte per element of the gathered input.
+* Linear (proj, fc2; row-parallel, its input not gathered): without sequence parallelism fp8_cast_transpose_fused
+  (read 2, write the fp8 copy and its transpose); with it cast_to_fp8 (read 2 + write 1) in forward and
+  fp8_transpose (1 + 1) in backward.
+* Output gradients: column-parallel (QKV, fc1) fp8_cast_transpose_fused; row-parallel (proj, fc2) with sequence
+  parallelism cast_to_fp8 of the rank's slice, an fp8 all-gather, and the gathered gradient transposed; without
+  it fp8_cast_transpose_fused.
+* Reduce-scatters and all-reduces carry the 16-bit GEMM outputs. Weights are cast once per step (fp8 parameters,
+  or the first micro-batch's cast, cached): not charged per micro-batch.
+The output layer (megatron-core's own ColumnParallelLinear) and the embedding run outside fp8_autocast, in 16
+bits. Not modelled: the amax reduction after each micro-batch's forward and backward (one all-reduce of a few
+kilobytes over the stage's DP x TP x CP ranks, latency-bound)."""
+from __future__ import annotations
+
+from .models import ModelSpec
+
+TRANSFORMER_ENGINE = "transformer-engine"
+CAST_TRANSPOSE_BYTES = 4  # read 2, write the fp8 copy and its fp8 transpose
+CAST_BYTES = 3  # read 2, write 1
+TRANSPOSE_BYTES = 2  # read 1, write 1
+NORM_OUTPUT_SAVED_BYTES = 1  # the norm writes 1 byte per element, not 2
+# An fp8 all-gather moves half the bytes of the 16-bit one it replaces.
+GATHER_SHARE = 0.5
+
+
+def layer_cast_bytes(m: ModelSpec, tp: int, sp: bool) -> tuple[float, float]:
+    """HBM bytes per token of one layer's fp8 casts and transposes (forward, backward), beyond what the same
+    layer moves in 16 bits."""
+    h, kv, f = m.hidden, m.kv_heads * m.head_dim, m.ffn_hidden
+    up = f * (2 if m.mlp == "swiglu" else 1)
+    row_inputs = (h + f) / tp  # proj's and fc2's inputs
+    norm_share = 1 / tp if sp else 1.0  # the part of the sequence each rank's norms see
+    forward = (-NORM_OUTPUT_SAVED_BYTES * 2 * h * norm_share
+               + (CAST_BYTES if sp else CAST_TRANSPOSE_BYTES) * row_inputs)
+    backward = TRANSPOSE_BYTES * 2 * h + CAST_TRANSPOSE_BYTES * (h + 2 * kv + up) / tp
+    if sp:
+        backward += TRANSPOSE_BYTES * row_inputs + 2 * (CAST_BYTES * h / tp + TRANSPOSE_BYTES * h)
+    else:
+        backward += 2 * CAST_TRANSPOSE_BYTES * h
+    return forward, backward
+
+
+def layer_cast_kernels(sp: bool) -> tuple[int, int]:
+    """Kernels the casts add to a layer (forward, backward): the two row-parallel input casts; in backward the
+    two norm-output transposes, the two column-parallel gradient cast-transposes and, with sequence parallelism,
+    a cast and two transposes per row-parallel linear (else one cast-transpose each)."""
+    return 2, 4 + (6 if sp else 2)
