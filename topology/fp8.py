@@ -15,6 +15,9 @@ grad_output_preprocess) [V]:
   it fp8_cast_transpose_fused.
 * Reduce-scatters and all-reduces carry the 16-bit GEMM outputs. Weights are cast once per step (fp8 parameters,
   or the first micro-batch's cast, cached): not charged per micro-batch.
+Transformer Engine 2.0 (linear.py's quantizers, rowwise and columnwise data) makes the same fp8 copies, but with
+sequence parallelism quantizes a row-parallel input with its transpose in forward: 1 byte per element less than
+counted here [V].
 The output layer (megatron-core's own ColumnParallelLinear) and the embedding run outside fp8_autocast, in 16
 bits. Not modelled: the amax reduction after each micro-batch's forward and backward (one all-reduce of a few
 kilobytes over the stage's DP x TP x CP ranks, latency-bound)."""
