@@ -155,10 +155,11 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
             fwd, bwd = fwd + f_s, bwd + b_s
     f_b, b_b = eager_layer_bytes(m, sw, tp, sp)
     kernels_f, kernels_b = sw.kernels_per_layer
-    if te_fp8:  # Transformer Engine's casts and transposes around the GEMMs (topology/fp8.py)
-        cast_f, cast_b = layer_cast_bytes(m, tp, sp)
+    if te_fp8:  # Transformer Engine's casts and transposes around the GEMMs (topology/fp8.py); TE's own
+        te_sp = sp and tp > 1  # sequence_parallel flag is off at TP 1
+        cast_f, cast_b = layer_cast_bytes(m, tp, te_sp)
         f_b, b_b = f_b + cast_f, b_b + cast_b
-        extra_f, extra_b = layer_cast_kernels(sp)
+        extra_f, extra_b = layer_cast_kernels(te_sp)
         kernels_f, kernels_b = kernels_f + extra_f, kernels_b + extra_b
     fwd, bwd = fwd + hbm_time(tokens * f_b, gpu), bwd + hbm_time(tokens * b_b, gpu)
     elementwise_fwd = fwd - before_elementwise

@@ -32,6 +32,11 @@ TRANSPOSE_BYTES = 2  # read 1, write 1
 NORM_OUTPUT_SAVED_BYTES = 1  # the norm writes 1 byte per element, not 2
 # An fp8 all-gather moves half the bytes of the 16-bit one it replaces.
 GATHER_SHARE = 0.5
+# Without fp8 parameters Transformer Engine keeps, beside each 16-bit weight of the layers, its fp8 copy and that
+# copy's transpose, cast on a step's first micro-batch and cached for the others (TE 1.13 module/base.py
+# get_fp8_workspace; megatron-core's TE wrappers pass is_first_microbatch) [V]: 2 bytes per parameter. With fp8
+# parameters (Software.fp8_params) the weight is that fp8 copy and its cached transpose: 2 bytes, as in 16 bits.
+WEIGHT_CACHE_BYTES = 2
 
 
 def layer_cast_bytes(m: ModelSpec, tp: int, sp: bool) -> tuple[float, float]:
@@ -56,3 +61,14 @@ def layer_cast_kernels(sp: bool) -> tuple[int, int]:
     two norm-output transposes, the two column-parallel gradient cast-transposes and, with sequence parallelism,
     a cast and two transposes per row-parallel linear (else one cast-transpose each)."""
     return 2, 4 + (6 if sp else 2)
+
+
+def saved_bytes_change(m: ModelSpec, tp: int, sp: bool) -> float:
+    """Bytes per token one layer keeps for its backward under fp8 beyond its 16-bit count (memory.layer_activation_
+    bytes): the QKV and fc1 inputs, the norms' outputs, kept at 1 byte; proj's input cast to fp8 beside the 16-bit
+    attention output FlashAttention keeps for itself (with sequence parallelism the fp8 copy alone, without it
+    the copy and its transpose); fc2's input, the SwiGLU or GeLU output, kept as its fp8 copy (1 byte with sequence
+    parallelism; without it the copy and its transpose, 2 bytes as before)."""
+    h, f = m.hidden, m.ffn_hidden
+    norm_share = 1 / tp if sp else 1.0
+    return -2 * h * norm_share + (1 if sp else 2) * h / tp - (f / tp if sp else 0.0)

@@ -43,6 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .fp8 import WEIGHT_CACHE_BYTES, saved_bytes_change
 from .hardware import GIB
 from .plan import Plan
 from .software import CROSS_ENTROPY_KERNELS, GRAD_BUCKET_NUMEL, HYBRIDPAR, Software
@@ -91,7 +92,7 @@ PARTS = ("params", "grads", "optimizer", "activations", "logits", "pipeline_buff
 class StageMemory:
     """Peak bytes on one GPU of a pipeline stage, part by part; total is their sum."""
     stage: str
-    params: float  # 16-bit weights (the rank's ZeRO-3 shard)
+    params: float  # 16-bit weights (the rank's ZeRO-3 shard); under fp8, Transformer Engine's cached fp8 copies too
     grads: float
     optimizer: float  # fp32 master weights, momentum, variance (sharded by ZeRO)
     activations: float  # tensors the layers keep for backward, every in-flight micro-batch
@@ -171,6 +172,8 @@ def layer_activation_bytes(plan: Plan, sw: Software, full_layer: bool = False) -
     per_token = (replicated + split) / t if sp else replicated + split / t
     if sw.rotary and not sw.rope_fusion and sw.rope_style == "rotate-half":  # cos and sin for Q and for K, per position
         per_token += 4 * 2 * m.head_dim
+    if plan.precision == "fp8":  # what Transformer Engine keeps in fp8 (topology/fp8.py)
+        per_token += saved_bytes_change(m, t, sp and t > 1)  # TE's sequence_parallel is off at TP 1
     return tokens * per_token
 
 
@@ -220,6 +223,8 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMem
         grads += 2 * n
     if sw.fp32_flat_shards and plan.zero_stage >= 3:
         weights, grads = 0.0, 4 * n / plan.zero_group
+    if plan.precision == "fp8" and not sw.fp8_params:  # Transformer Engine's cached fp8 weights (topology/fp8.py)
+        weights += WEIGHT_CACHE_BYTES * stage.layers * layer_params_per_rank(plan)
 
     tokens = plan.micro_batch * plan.seq_len / plan.cp
     chunks = in_flight(plan, stage.rank)

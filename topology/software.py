@@ -169,8 +169,11 @@ class Software:
     # scaling inside megatron-core's layers (topology/fp8.py); None: it has no fp8 training, and the
     # planner refuses to cost it. hybridpar's runtime builds megatron-core's local layers, without TE.
     fp8: str | None = None
-    # Under fp8, the distributed optimizer all-gathers the updated weights as fp8 (Megatron-LM
-    # --fp8-param-gather; NeMo's fp8 precision plugins set it): 1 byte per parameter, not 2.
+    # Under fp8, the weights are kept in fp8 (Megatron-LM --fp8-param-gather, NeMo's fp8_params): no 16-bit
+    # weight beside Transformer Engine's fp8 copy (topology/fp8.py WEIGHT_CACHE_BYTES) ...
+    fp8_params: bool = False
+    # ... and the distributed optimizer all-gathers the updated weights as fp8, 1 byte per parameter, not 2
+    # (megatron-core's; NeMo 2's fp8 precision plugin sets both).
     fp8_param_gather: bool = False
     # SwiGLU as one fused function (megatron-core bias_activation_fusion: fusions/fused_bias_swiglu.py
     # keeps only its input, gate and up, and recomputes in backward). False: megatron-core 0.16's

@@ -104,3 +104,47 @@ def test_gpu_file_takes_an_fp8_fraction(tmp_path):
     assert gpu.gemm_fraction_for(1) == 0.65 and gpu.gemm_fraction_for(2) == H100.gemm_fraction
     with pytest.raises(HardwareError, match="fp8_gemm_fraction"):
         gpu_from_dict({"base": "h100-80gb", "fp8_gemm_fraction": 1.4}, str(tmp_path / "bad.json"))
+
+
+def test_tp1_costs_te_without_sequence_parallelism():
+    """At TP 1 the planner's `sp` only says nothing is split; Transformer Engine's sequence_parallel is off, so
+    the layer costs the same whichever way the flag is passed (the casts of the non-SP path)."""
+    on = layer_time(L8B, H100, "fp8", 8192, 1, 1, 1, True, "none", MEGATRON_CORE, 8)
+    off = layer_time(L8B, H100, "fp8", 8192, 1, 1, 1, False, "none", MEGATRON_CORE, 8)
+    assert (on.fwd, on.bwd) == pytest.approx((off.fwd, off.bwd), rel=1e-12)
+
+
+def _saved(m, tp, sp):
+    """(elements per token, bytes per element) a layer keeps under fp8 beyond its 16-bit count, module by module."""
+    h, f = m.hidden, m.ffn_hidden
+    local = 1 / tp if sp else 1.0
+    kept = [(h * local, 1 - 2), (h * local, 1 - 2)]  # LayerNormLinear's ln_out for QKV and fc1: fp8, not bf16
+    kept.append((h / tp, 1 if sp else 2))  # proj's fp8 input (and its transpose without SP) beside FlashAttention's O
+    kept.append((f / tp, (1 if sp else 2) - 2))  # fc2's input: its fp8 copy (and transpose) instead of the bf16 one
+    return sum(n * b for n, b in kept)
+
+
+@pytest.mark.parametrize("tp,sp", [(1, False), (4, True), (8, True)])
+def test_activations_kept_in_fp8(tp, sp):
+    from hybridpar.topology.fp8 import saved_bytes_change
+    from hybridpar.topology.memory import layer_activation_bytes
+
+    assert saved_bytes_change(L8B, tp, sp) == pytest.approx(_saved(L8B, tp, sp))
+    plan = _plan(L8B, "fp8", tp=tp, dp=8 // tp)
+    bf16 = replace(plan, precision="bf16")
+    tokens = plan.micro_batch * plan.seq_len
+    change = layer_activation_bytes(plan, MEGATRON_CORE) - layer_activation_bytes(bf16, MEGATRON_CORE)
+    assert change == pytest.approx(tokens * _saved(L8B, tp, tp > 1))
+
+
+def test_fp8_weights_cached_beside_16_bit_ones_unless_the_weights_are_fp8():
+    from hybridpar.topology.memory import stage_memory
+    from hybridpar.topology.stages import layer_params_per_rank, stages
+
+    plan = _plan(L8B, "fp8", tp=2, dp=4)
+    stage = stages(plan)[0]
+    cached = stage_memory(plan, stage, MEGATRON_CORE).params
+    bf16 = stage_memory(replace(plan, precision="bf16"), stage, MEGATRON_CORE).params
+    fp8_weights = stage_memory(plan, stage, replace(MEGATRON_CORE, fp8_params=True)).params
+    assert cached - bf16 == pytest.approx(2 * stage.layers * layer_params_per_rank(plan))
+    assert fp8_weights == pytest.approx(bf16)
