@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from hybridpar.cli.main import main
+from hybridpar.topology.models import PRESETS
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -96,6 +97,7 @@ BAD = [
     (["--model", "llama3-8b", "--gpus", "8", "--zero", "4"], "--zero"),
     (["--model", "llama3-8b", "--gpus", "8", "--gpu", "a100-80gb", "--precision", "fp8"], "fp8"),
     (["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--precision", "fp8"], "no fp8 training"),
+    (["--model", "llama3-8b", "--gpus", "8", "--fp8-params"], "needs --precision fp8"),
     (["--model", "llama3-405b", "--gpus", "8"], "no feasible plan"),
     (["--validate", "--gpus", "8", "--software", "megatron-core"], "--gpus, --software would be ignored"),
 ]
@@ -430,7 +432,6 @@ def test_tp_comm_overlap_flag_costs_the_plan_with_userbuffers(capsys):
     from dataclasses import replace
 
     from hybridpar.topology.cost import step_cost
-    from hybridpar.topology.models import PRESETS
     from hybridpar.topology.plan import Plan
     from hybridpar.topology.software import MEGATRON_CORE
 
@@ -487,3 +488,14 @@ def test_fp8_plans_say_what_their_mfu_is_over(capsys):
                            "--software", "megatron-core", "--json"], capsys)[1])
     best = data["plans"][0]
     assert best["precision"] == "fp8" and best["mfu"] == pytest.approx(best["tflops_per_gpu"] / 1979, abs=1e-3)
+
+
+def test_fp8_params_drop_the_cached_fp8_weights(capsys):
+    """Without --fp8-params Transformer Engine keeps an fp8 copy and its transpose beside each 16-bit layer weight
+    (2 bytes per parameter); with it the weights are that copy."""
+    argv = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--precision", "fp8", "--software", "megatron-core-bf16-grads",
+            "--tp", "1", "--pp", "1", "--cp", "1", "--micro-batch", "1", "--zero", "1", "--recompute", "full", "--json"]
+    cached = json.loads(run(argv, capsys)[1])["plans"][0]["memory_gib"]["params"]
+    fp8 = json.loads(run(argv + ["--fp8-params"], capsys)[1])["plans"][0]["memory_gib"]["params"]
+    layers = 32 * PRESETS["llama3-8b"].params_per_layer
+    assert cached - fp8 == pytest.approx(2 * layers / 2**30, abs=0.01)

@@ -75,6 +75,10 @@ def add_arguments(p):
                    "loss in fp32, 6 bytes per logit at its peak; vocab-parallel-fused: the same under megatron-core's "
                    "cross_entropy_loss_fusion, as NeMo 2 runs it; fused-16bit: flash-attn's fused xentropy, as "
                    "MosaicML's llm-foundry ran it, 4)")
+    p.add_argument("--fp8-params", action="store_true",
+                   help="with --precision fp8: weights kept in fp8 and all-gathered in fp8 by the distributed optimizer "
+                   "(Megatron-LM --fp8-param-gather, NeMo's fp8_params); without it Transformer Engine caches an fp8 "
+                   "copy of each weight beside the 16-bit one")
     p.add_argument("--tp-comm-overlap", action="store_true",
                    help="cost the plan for a run that overlaps the sequence-parallel TP collectives with the GEMMs "
                    "through Transformer Engine's userbuffers (megatron-core --tp-comm-overlap, NeMo's "
@@ -154,6 +158,10 @@ def build_request(args) -> tuple[Request, int]:
                              f"layers, which --software {software.name} does not have; drop the flag or use "
                              f"--software megatron-core")
         software = replace(software, tp_comm_overlap=True)
+    if getattr(args, "fp8_params", False):
+        if args.precision != "fp8":
+            raise UsageError(f"--fp8-params keeps the weights in fp8: it needs --precision fp8, not {args.precision}")
+        software = replace(software, fp8_params=True, fp8_param_gather=True)
     if args.precision == "fp8" and software.fp8 is None:
         raise UsageError(f"--precision fp8: {software.label} has no fp8 training to plan; use --software megatron-core "
                          f"(or a NeMo profile: Transformer Engine's fp8) or --precision bf16")
