@@ -155,8 +155,8 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
             fwd, bwd = fwd + f_s, bwd + b_s
     f_b, b_b = eager_layer_bytes(m, sw, tp, sp)
     kernels_f, kernels_b = sw.kernels_per_layer
-    if te_fp8:  # Transformer Engine's casts and transposes around the GEMMs (topology/fp8.py); TE's own
-        te_sp = sp and tp > 1  # sequence_parallel flag is off at TP 1
+    if te_fp8:  # Transformer Engine's casts and transposes around the GEMMs (topology/fp8.py)
+        te_sp = sp and tp > 1  # TE's own sequence_parallel flag is off at TP 1
         cast_f, cast_b = layer_cast_bytes(m, tp, te_sp)
         f_b, b_b = f_b + cast_f, b_b + cast_b
         extra_f, extra_b = layer_cast_kernels(te_sp)
@@ -196,7 +196,7 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         userbuffers = sw.tp_comm_overlap and sp and nodes == 1
         if userbuffers:
             fwd_tp, row_grad_gathers = userbuffers_tp_time(gemms, tokens, h * 2, gpu, peak, in_bytes, tp,
-                                                    gather_token_bytes=h * in_bytes)
+                                                           gather_token_bytes=h * in_bytes)
         else:
             fwd_tp, row_grad_gathers = (2 * (gather + ar / 2), 2 * gather) if sp else (2 * ar, 0.0)
         tp_t = RECOMPUTED_FORWARDS.get(recompute, 1) * fwd_tp + row_grad_gathers
