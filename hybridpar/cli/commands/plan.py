@@ -343,7 +343,7 @@ def render(req: Request, result) -> str:
     lines.append(validation.RANGE_NOTE)
     if req.precision == "fp8":
         lines.append(f"fp8: MFU over the dense fp8 peak ({gpu.peak_tflops('fp8'):,.0f} TFLOP/s); the layers' GEMMs in fp8 with "
-                     f"Transformer Engine's casts, the output layer in bf16 (docs/planner.md, FP8)")
+                     f"Transformer Engine's casts, the output layer in bf16 (docs/planner.md, \"Time\": FP8)")
     notes = {note for note in (region_note(req, e) for e in result.plans) if note}
     lines += sorted(notes)
     lighter = [str(i) for i, e in enumerate(result.plans, 1) if e.plan.lighter_end_stages]
