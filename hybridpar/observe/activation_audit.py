@@ -110,31 +110,52 @@ def measure(spec, tp: int, seq_len: int, recompute: str, micro_batch: int = 1) -
             mesh.destroy()
 
 
-def _record(model, tp, seq_len, recompute, micro_batch) -> LayerActivations:
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    first_saved, window, counting = set(), [], [False]
+class SavedStorages:
+    """A ``saved_tensors_hooks`` pack hook that records, in order, the first tensor autograd saves of each
+    storage (a view keeps its whole storage alive) while ``recording`` is set; every saved tensor stays referenced,
+    so no storage's address is reused during the pass."""
 
-    def pack(t):
+    def __init__(self, recording: bool = True):
+        self.recording = recording
+        self.first = []
+        self._seen = set()
+        self._alive = []
+
+    def pack(self, t):
         ptr = t.untyped_storage().data_ptr()
-        if ptr not in params and ptr not in first_saved:
-            first_saved.add(ptr)
-            if counting[0]:
-                window.append(t)
+        if ptr not in self._seen:
+            self._seen.add(ptr)
+            if self.recording:
+                self.first.append(t)
+        self._alive.append(t)
         return t
 
+    def hooks(self):
+        return torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
+
+    @property
+    def by_storage(self) -> dict:
+        """data_ptr -> (bytes of the storage, dtype of its first saved tensor), for each storage recorded."""
+        return {t.untyped_storage().data_ptr(): (t.untyped_storage().nbytes(), t.dtype) for t in self.first}
+
+
+def _record(model, tp, seq_len, recompute, micro_batch) -> LayerActivations:
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    log = SavedStorages(recording=False)
     # The second layer's forward up to the final norm (with full recomputation the layer's
     # checkpoint saves its inputs after the layer has run, still before the final norm).
-    hooks = [model.decoder.layers[1].register_forward_pre_hook(lambda *a: counting.__setitem__(0, True)),
-             model.decoder.final_layernorm.register_forward_pre_hook(lambda *a: counting.__setitem__(0, False))]
+    hooks = [model.decoder.layers[1].register_forward_pre_hook(lambda *a: setattr(log, "recording", True)),
+             model.decoder.final_layernorm.register_forward_pre_hook(lambda *a: setattr(log, "recording", False))]
     device = next(model.parameters()).device
     tokens = torch.randint(0, model.vocab_size, (micro_batch, seq_len), device=device)
     positions = torch.arange(seq_len, device=device).unsqueeze(0).expand(micro_batch, -1)
     try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with log.hooks():
             loss = model(tokens, positions, None, labels=tokens)
     finally:
         for h in hooks:
             h.remove()
+    window = [t for t in log.first if t.untyped_storage().data_ptr() not in params]
     norm_weights = {p.untyped_storage().data_ptr() for n, p in model.named_parameters() if "layernorm" in n}
     names, cpu_only = _saved_by(loss.grad_fn, norm_weights)
     tensors = []

@@ -29,6 +29,7 @@ from torch.utils.checkpoint import checkpoint
 
 from torchtitan_block import CPU, FusedRMSNorm, TransformerBlock, UnfusedRMSNorm, precompute_freqs_cis
 
+from hybridpar.observe.activation_audit import SavedStorages
 from hybridpar.topology.memory import layer_activation_bytes
 from hybridpar.topology.models import ModelSpec
 from hybridpar.topology.plan import Plan
@@ -99,27 +100,6 @@ def full_ac_recompute_bytes_per_token(h, kv, f, heads, fused_norm):
 # Measurement.
 
 
-class SavedStorages:
-    """Pack hook: one entry per distinct storage, saved tensors kept alive so no address is reused."""
-
-    def __init__(self):
-        self.by_ptr = {}  # data_ptr -> (nbytes, dtype)
-        self.alive = []
-
-    def pack(self, t):
-        st = t.untyped_storage()
-        self.by_ptr.setdefault(st.data_ptr(), (st.nbytes(), t.dtype))
-        self.alive.append(t)
-        return t
-
-    @staticmethod
-    def unpack(t):
-        return t
-
-    def hooks(self):
-        return saved_tensors_hooks(self.pack, self.unpack)
-
-
 def _ptr(t):
     return t.untyped_storage().data_ptr()
 
@@ -168,8 +148,8 @@ def _run_no_ac(layout, fused_norm, b, s):
     with log.hooks():
         out = block(x, freqs_table[:s])
     independent = _independent_storages(block, freqs_table)
-    kept = {p: v for p, v in log.by_ptr.items() if p not in independent}
-    excluded = sorted(independent[p] for p in log.by_ptr if p in independent)
+    kept = {p: v for p, v in log.by_storage.items() if p not in independent}
+    excluded = sorted(independent[p] for p in log.by_storage if p in independent)
     return dict(block=block, x=x, out=out, tap=tap, kept=kept, excluded=excluded, dims=dims)
 
 
@@ -288,12 +268,12 @@ def test_full_ac_keeps_the_input_and_recompute_peaks_at_no_ac(layout, fused_norm
         with fwd.hooks():
             out = checkpoint(block, x, freqs_table[:s], use_reentrant=False, preserve_rng_state=False,
                              context_fn=lambda: (nullcontext(), _RecomputeSpy(rec)))
-        kept = {p: v for p, v in fwd.by_ptr.items() if p not in independent}
+        kept = {p: v for p, v in fwd.by_storage.items() if p not in independent}
         assert list(kept) == [_ptr(x)]
         assert sum(n for n, _ in kept.values()) == full_ac_bytes_per_token(dims["h"]) * b * s
 
         out.float().square().sum().backward()
-        recomputed = {p: v for p, v in rec.by_ptr.items() if p not in independent}
+        recomputed = {p: v for p, v in rec.by_storage.items() if p not in independent}
         tokens = b * s
         no_ac = expected_bytes_per_token(**dims, fused_norm=fused_norm) * tokens
         assert sum(n for n, _ in recomputed.values()) == no_ac
