@@ -223,7 +223,9 @@ def test_the_readme_quotes_the_current_validation():
                    f"Spearman {s.sweeps['bloom-tr11-2022-02-21']:.3f} and {s.sweeps['bloom-tr11-2022-02-25']:.3f}",
                    f"{s.by_gpu['h100-80gb'][2]:+.1%} on H100, {s.by_gpu['a100-80gb'][2]:+.1%} on A100 80GB and "
                    f"{s.by_gpu['a100-40gb'][2]:+.1%} on A100 40GB",
-                   f"{s.by_stack['NeMo 1'][2]:+.1%} on NeMo 1 and {s.by_stack['NeMo 2'][2]:+.1%} on NeMo 2",
+                   f"{s.by_stack['NeMo 1'][2]:+.1%} on NeMo 1 and {s.by_stack['NeMo 2'][2]:+.1%} on NeMo 2 "
+                   f"({sum(r['precision'] == 'fp8' for r in TIMED)} of their "
+                   f"{s.by_stack['NeMo 1'][0] + s.by_stack['NeMo 2'][0]} runs trained in FP8)",
                    f"the PyTorch FSDP runs, costed with their own profile, lean {fsdp:+.0%} and torchtitan's FSDP2 "
                    f"runs (all on A100) {torchtitan:+.0%}"):
         assert quoted in readme, quoted
