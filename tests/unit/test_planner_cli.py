@@ -453,7 +453,6 @@ def test_attention_kernel_flag_costs_the_plan_with_that_kernel(capsys):
     from dataclasses import replace
 
     from hybridpar.topology.cost import step_cost
-    from hybridpar.topology.models import PRESETS
     from hybridpar.topology.plan import Plan
     from hybridpar.topology.software import MEGATRON_CORE
 
@@ -478,24 +477,3 @@ def test_torchtitan_2024_splits_a_replica_by_tp_only(capsys):
     assert {p["recompute"] for p in plans} <= {"none", "every-other-block", "op-selective", "full"}
     code, _, err = run(["--model", "llama3-70b", "--gpus", "512", "--software", "torchtitan-2024", "--pp", "4"], capsys)
     assert code == 2 and "pp 4 is not part of torchtitan 2024" in err and len(err.strip().splitlines()) == 1
-
-
-def test_fp8_plans_say_what_their_mfu_is_over(capsys):
-    code, out, _ = run(["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--precision", "fp8",
-                        "--software", "megatron-core", "--top", "1"], capsys)
-    assert code == 0 and "fp8: MFU over the dense fp8 peak (1,979 TFLOP/s)" in out
-    data = json.loads(run(["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--precision", "fp8",
-                           "--software", "megatron-core", "--json"], capsys)[1])
-    best = data["plans"][0]
-    assert best["precision"] == "fp8" and best["mfu"] == pytest.approx(best["tflops_per_gpu"] / 1979, abs=1e-3)
-
-
-def test_fp8_params_drop_the_cached_fp8_weights(capsys):
-    """Without --fp8-params Transformer Engine keeps an fp8 copy and its transpose beside each 16-bit layer weight
-    (2 bytes per parameter); with it the weights are that copy."""
-    argv = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--precision", "fp8", "--software", "megatron-core-bf16-grads",
-            "--tp", "1", "--pp", "1", "--cp", "1", "--micro-batch", "1", "--zero", "1", "--recompute", "full", "--json"]
-    cached = json.loads(run(argv, capsys)[1])["plans"][0]["memory_gib"]["params"]
-    fp8 = json.loads(run(argv + ["--fp8-params"], capsys)[1])["plans"][0]["memory_gib"]["params"]
-    layers = 32 * PRESETS["llama3-8b"].params_per_layer
-    assert cached - fp8 == pytest.approx(2 * layers / 2**30, abs=0.01)

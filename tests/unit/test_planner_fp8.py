@@ -3,9 +3,12 @@ transposes counted from TE 1.13's modules, the output layer in 16 bits, the fp8 
 cost fp8 for a stack that has none."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
+
+from hybridpar.cli.main import main
 
 from hybridpar.topology.cost import _fp8_gather_share, layer_time, step_cost
 from hybridpar.topology.fp8 import layer_cast_bytes, layer_cast_kernels
@@ -148,3 +151,30 @@ def test_fp8_weights_cached_beside_16_bit_ones_unless_the_weights_are_fp8():
     fp8_weights = stage_memory(plan, stage, replace(MEGATRON_CORE, fp8_params=True)).params
     assert cached - bf16 == pytest.approx(2 * stage.layers * layer_params_per_rank(plan))
     assert fp8_weights == pytest.approx(bf16)
+
+
+def run(argv, capsys):
+    code = main(["plan", *argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_fp8_plans_say_what_their_mfu_is_over(capsys):
+    code, out, _ = run(["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--precision", "fp8",
+                        "--software", "megatron-core", "--top", "1"], capsys)
+    assert code == 0 and "fp8: MFU over the dense fp8 peak (1,979 TFLOP/s)" in out
+    data = json.loads(run(["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--precision", "fp8",
+                           "--software", "megatron-core", "--json"], capsys)[1])
+    best = data["plans"][0]
+    assert best["precision"] == "fp8" and best["mfu"] == pytest.approx(best["tflops_per_gpu"] / 1979, abs=1e-3)
+
+
+def test_fp8_params_drop_the_cached_fp8_weights(capsys):
+    """Without --fp8-params Transformer Engine keeps an fp8 copy and its transpose beside each 16-bit layer weight
+    (2 bytes per parameter); with it the weights are that copy."""
+    argv = ["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--precision", "fp8", "--software", "megatron-core-bf16-grads",
+            "--tp", "1", "--pp", "1", "--cp", "1", "--micro-batch", "1", "--zero", "1", "--recompute", "full", "--json"]
+    cached = json.loads(run(argv, capsys)[1])["plans"][0]["memory_gib"]["params"]
+    fp8 = json.loads(run(argv + ["--fp8-params"], capsys)[1])["plans"][0]["memory_gib"]["params"]
+    layers = 32 * PRESETS["llama3-8b"].params_per_layer
+    assert cached - fp8 == pytest.approx(2 * layers / 2**30, abs=0.01)
