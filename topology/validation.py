@@ -46,6 +46,7 @@ class CaseCheck:
     ran: bool  # False: published as out of memory
     sweep: str | None
     stack: str  # the software family that ran it (cases.case_stack)
+    precision: str = "bf16"  # what its layers computed in: bf16, fp16 or fp8
 
     @property
     def error(self) -> float | None:
@@ -75,7 +76,7 @@ def check(case: dict) -> CaseCheck:
     return CaseCheck(case["id"], case["num_gpus"], case["gpu"].lower(), layout, p.model.total_params,
                      p.model.hidden // p.tp, p.seq_len, case.get("model_flops_mfu"), _mfu_16bit(e, case),
                      e.memory.total / GIB, get_gpu(case["gpu"].lower()).memory_gib, e.fits,
-                     case.get("outcome", "ran") != "oom", case.get("sweep"), case_stack(case))
+                     case.get("outcome", "ran") != "oom", case.get("sweep"), case_stack(case), p.precision)
 
 
 @lru_cache(maxsize=1)
@@ -122,6 +123,7 @@ class Summary:
     by_gpu: dict  # GPU -> (timed runs, median |error|, median signed error): where the lean sits
     gpu_ranges: dict  # GPU with OWN_RANGE_MIN_RUNS timed runs -> RANGE_PERCENTILES of its reported / predicted
     by_stack: dict  # software family -> (timed runs, median |error|, median signed error)
+    by_precision: dict  # bf16 / fp16 / fp8 -> (timed runs, median |error|, median signed error)
 
 
 def _ratio_range(errors: list[float]) -> tuple[float, float]:
@@ -141,7 +143,8 @@ def summary(rows: tuple[CaseCheck, ...] | None = None) -> Summary:
     gpu_ranges = {gpu: _ratio_range(errs) for gpu, errs in errors_by_gpu.items() if len(errs) >= OWN_RANGE_MIN_RUNS}
     return Summary(len(errors), statistics.median(abs(e) for e in errors), statistics.median(errors),
                    sum(abs(e) <= TOLERANCE for e in errors), sum(r.memory_right for r in rows), len(rows),
-                   _ratio_range(errors), sweeps, _stats(errors_by_gpu), gpu_ranges, _stats(_errors_by(rows, "stack")))
+                   _ratio_range(errors), sweeps, _stats(errors_by_gpu), gpu_ranges, _stats(_errors_by(rows, "stack")),
+                   _stats(_errors_by(rows, "precision")))
 
 
 def _errors_by(rows: tuple[CaseCheck, ...], key: str) -> dict:

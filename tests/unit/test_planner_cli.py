@@ -366,6 +366,9 @@ def test_validate_prints_every_published_run_and_the_summary(capsys):
         assert f"{gpu} {n} runs" in out and data["by_gpu"][gpu] == {
             "timed": n, "median_abs_error": round(s.by_gpu[gpu][1], 4), "signed_bias": round(bias, 4)}
     assert set(data["reported_over_predicted_range_by_gpu"]) == set(s.gpu_ranges) and s.gpu_ranges
+    fp8 = [r for r in checks() if r.precision == "fp8" and r.error is not None]
+    assert fp8 and data["by_precision"]["fp8"]["timed"] == len(fp8) == s.by_precision["fp8"][0]
+    assert f"by precision: bf16 {s.by_precision['bf16'][0]} runs" in out
 
 
 def test_the_docs_carry_the_current_validation_table(capsys):

@@ -273,6 +273,7 @@ def render_validation() -> str:
               f"(median error) {s.signed_bias:+.1%}, {s.within} within {validation.TOLERANCE:.0%}",
               "by GPU: " + _groups_line(s.by_gpu),
               "by stack: " + _groups_line(s.by_stack),
+              "by precision: " + _groups_line(s.by_precision),
               f"memory verdicts right: {s.memory_right} of {s.memory_checked} (runs that ran predicted to fit, "
               "runs that ran out of memory predicted not to)"]
     lines += [f"ranking inside sweep {name}: Spearman {rho:.3f} (predicted vs reported MFU; 1 = the measured order)" for name, rho in s.sweeps.items()]
@@ -297,14 +298,16 @@ def validation_json() -> dict:
     return {"runs": [{"id": r.id, "gpus": r.gpus, "layout": r.layout, "reported_mfu": r.reported_mfu,
                       "predicted_mfu": round(r.predicted_mfu, 4),
                       "error": None if r.error is None else round(r.error, 4), "memory_gib": round(r.memory_gib, 2),
-                      "fits": r.fits, "ran": r.ran, "memory_verdict": r.memory_verdict, "stack": r.stack}
+                      "fits": r.fits, "ran": r.ran, "memory_verdict": r.memory_verdict, "stack": r.stack,
+                      "precision": r.precision}
                      for r in validation.checks()],
             "median_abs_error": round(s.median_abs_error, 4), "signed_bias": round(s.signed_bias, 4),
             "within_15_percent": s.within, "timed": s.timed, "memory_right": s.memory_right,
             "memory_checked": s.memory_checked, "reported_over_predicted_range": [round(x, 4) for x in s.ratio_range],
             "reported_over_predicted_range_by_gpu": {g: [round(x, 4) for x in r] for g, r in s.gpu_ranges.items()},
             "sweep_spearman": {k: round(v, 3) for k, v in s.sweeps.items()},
-            "by_gpu": _groups_json(s.by_gpu), "by_stack": _groups_json(s.by_stack)}
+            "by_gpu": _groups_json(s.by_gpu), "by_stack": _groups_json(s.by_stack),
+            "by_precision": _groups_json(s.by_precision)}
 
 
 def redundancy_line(r) -> str:
