@@ -230,17 +230,16 @@ def _fp8_gather_share(nbytes: float, gpu: GPU, tp: int, gpus_per_node: int) -> f
 
 
 @lru_cache(maxsize=None)
-def output_layer_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: int,
-                      cross_entropy: str) -> tuple[float, float]:
-    """Logits GEMM and the cross-entropy over the rank's vocabulary slice on the last stage (fwd, bwd)."""
-    peak = gpu.peak_tflops(precision) * 1e12
-    f, b = gemm_fwd_bwd(tokens, m.hidden, m.vocab // tp, gpu, peak, 1, 1 if precision == "fp8" else 2)
+def output_layer_time(m: ModelSpec, gpu: GPU, tokens: int, tp: int, cross_entropy: str) -> tuple[float, float]:
+    """Logits GEMM and the cross-entropy over the rank's vocabulary slice on the last stage (fwd, bwd). In 16 bits
+    whatever the layers run in: under fp8 the output layer is outside Transformer Engine's fp8_autocast."""
+    f, b = gemm_fwd_bwd(tokens, m.hidden, m.vocab // tp, gpu, gpu.bf16_tflops * 1e12)
     logits, ce = tokens * m.vocab / tp, CROSS_ENTROPY_KERNELS[cross_entropy]
     return f + hbm_time(logits * ce.forward_bytes, gpu), b + hbm_time(logits * ce.backward_bytes, gpu)
 
 
 @lru_cache(maxsize=None)
-def end_stage_tp_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: int, sp: bool,
+def end_stage_tp_time(m: ModelSpec, gpu: GPU, tokens: int, tp: int, sp: bool,
                       sw: Software, gpus_per_node: int, embedding: bool, output: bool) -> float:
     """Exposed TP seconds per micro-batch outside the layers (megatron-core 0.16.1):
     * first stage, VocabParallelEmbedding: its output all-reduce in forward (SP: reduce-scatter
@@ -249,7 +248,8 @@ def end_stage_tp_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: i
       (1 ar, async behind the logits' weight-gradient GEMM); with SP the input all-gather in
       forward (exposed), again in backward (behind the input-gradient GEMM) and the
       input-gradient reduce-scatter (behind the weight-gradient GEMM) = 1.5 ar; plus the
-      vocab-parallel cross-entropy's 3 all-reduces of b s fp32 values (max, target logit, sum)."""
+      vocab-parallel cross-entropy's 3 all-reduces of b s fp32 values (max, target logit, sum).
+    The output layer's GEMMs are 16-bit, as in output_layer_time."""
     if tp == 1:
         return 0.0
     bw = _tp_bw(gpu, tp, gpus_per_node)
@@ -257,11 +257,10 @@ def end_stage_tp_time(m: ModelSpec, gpu: GPU, precision: str, tokens: int, tp: i
     ar = _tp_allreduce_equivalent(tokens * m.hidden * 2, gpu, tp, sp, gpus_per_node)
     t = ar if embedding else 0.0
     if output:
-        in_bytes = 1 if precision == "fp8" else 2
-        peak = gpu.peak_tflops(precision) * 1e12
+        peak = gpu.bf16_tflops * 1e12
         n = m.vocab // tp
-        dgrad = gemm_time(tokens, n, m.hidden, gpu, peak, 1, in_bytes)
-        wgrad = gemm_time(m.hidden, tokens, n, gpu, peak, 1, in_bytes)
+        dgrad = gemm_time(tokens, n, m.hidden, gpu, peak)
+        wgrad = gemm_time(m.hidden, tokens, n, gpu, peak)
         if sp:
             t += ar / 2 + _hidden(ar / 2, dgrad, sw, gpu, nodes) + _hidden(ar / 2, wgrad, sw, gpu, nodes)
         else:
@@ -418,15 +417,13 @@ def step_cost(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None) -> S
         # Paired send+receive exchanges, or (blocking_p2p) a send and a receive one at a time.
         pp_msg = (2 if sw.blocking_p2p else 1) * (link_time(pp_message_bytes(plan, sw), bw)
                                                   + nccl_latency(1, 2, 2 if crosses else 1))
-    # The output layer runs in 16 bits under fp8: Transformer Engine's fp8_autocast covers the layers only
-    outside = "bf16" if plan.precision == "fp8" else plan.precision
     worst = None
     for st in stages(plan):  # the slowest pipeline rank, all its per-micro-batch terms
         fwd, bwd = st.layers * lt.fwd, st.layers * lt.bwd
         if st.has_output:
-            of, ob = output_layer_time(m, gpu, outside, tokens, plan.tp, sw.cross_entropy)
+            of, ob = output_layer_time(m, gpu, tokens, plan.tp, sw.cross_entropy)
             fwd, bwd = fwd + of, bwd + ob
-        tp = st.layers * lt.tp + end_stage_tp_time(m, gpu, outside, tokens, plan.tp, sp, sw,
+        tp = st.layers * lt.tp + end_stage_tp_time(m, gpu, tokens, plan.tp, sp, sw,
                                                     plan.gpus_per_node, st.has_embedding, st.has_output)
         pp = pp_messages(plan, st) * pp_msg
         key = fwd + bwd + tp + st.layers * lt.cp + pp
