@@ -1,6 +1,7 @@
 """Out-of-sample check: published runs the planner was not built on (topology/data/validation_runs.json:
 NVIDIA DGX Cloud benchmark recipes on H100, BigScience's two sweeps of layouts of one 181B model on
-384 A100s (19 layouts on 02-25, 3 of which ran out of memory; 7 micro-batch sizes of two layouts on 02-21), MosaicML's MPT
+384 A100s (19 layouts on 02-25, 3 of which ran out of memory; 7 micro-batch sizes of two layouts on 02-21) and its
+02-28 sweep of layouts and shapes of 176-206B models under BF16_Optimizer (20 rows, 3 out of memory), MosaicML's MPT
 benchmarks under PyTorch FSDP on A100 and H100, and Megatron-Core 0.8's weak-scaling table of nine GPT models on up to
 6,144 H100s), each evaluated with its published layout through topology.cases. Timed runs predict MFU within
 15% (relative, the tolerance the public cases get in test_planner_cases.py) of the reported
@@ -35,6 +36,14 @@ _SWEEP_0221 = ("predicted high by 19-28%: the 02-21 sweep, TP=8 on every row, be
                "micro-batch 1-2; docs/planner.md, what is missing")
 KNOWN_MISSES.update({f"bloom-sweep0221-{k}": _SWEEP_0221 for k in (
     "tp8-pp12-dp4-mb1", "tp8-pp12-dp4-mb2", "tp8-pp6-dp8-mb1", "tp8-pp6-dp8-mb2", "tp8-pp6-dp8-mb4")})
+_SWEEP_0228 = ("predicted high by 17-20% where the 02-28 sweep's other rows lean +3 to +6%: TP=8 at micro-batch 2 "
+               "(184B TP8 PP6, and in the same sweep 176B TP8 PP12 at +14%), which the 02-21 and 02-25 sweeps also took "
+               "longer than the planner costs; and 104 heads of 128 dimensions on the 178B model, 18% slower than its "
+               "64-head run, as the chronicle's other head-dimension-128 runs (12,288 x 96 heads, 14,336 x 112 heads at "
+               "TP=8) were 15-18% slower than their 64-head ones, which the planner costs within 2%: docs/planner.md, "
+               "what is missing")
+KNOWN_MISSES.update({f"bloom-sweep0228-{k}": _SWEEP_0228 for k in (
+    "184b-nh64-tp8-pp6-dp8-mb2", "178b-nh104-tp4-pp12-dp8-mb2")})
 _FSDP = ("PyTorch FSDP as MosaicML's llm-foundry ran it (Composer, 2023), costed with its own profiles (pytorch-fsdp: "
          "every gather and reduce-scatter hidden behind compute but for the SMs NCCL holds, each micro-batch's flat "
          "gradient moved through HBM) with its Triton attention and its fused 16-bit loss: its rows lean -1 to +45%, "
@@ -65,7 +74,13 @@ _TORCHTITAN = ("predicted high by 15-18%: torchtitan's FSDP2 on 64 A100s (April 
 KNOWN_MISSES.update({run_id: _TORCHTITAN for run_id in (
     "torchtitan-l3-8b-opac", "torchtitan-l2-13b-opac", "torchtitan-l2-13b-noac")})
 # Memory verdicts that do not match what happened, with what the memory model lacks for them.
-KNOWN_WRONG_MEMORY: dict[str, str] = {}  # none: every verdict matches what happened
+KNOWN_WRONG_MEMORY: dict[str, str] = {
+    "bloom-sweep0228-206b-nh128-tp4-pp12-dp8-mb2": (
+        "published out of memory, predicted to fit at 62.8 GiB: its 14,336 x 7 layers per stage hold within 1% of the "
+        "parameters of the 203B's 13,312 x 8, which ran beside it at 67 GB (predicted 62.9 GiB), with fewer checkpointed "
+        "activations; no term the planner counts tells the two apart, and the chronicle does not say where it ran out "
+        "(docs/planner.md, what is missing)"),
+}
 
 
 def _mark(run_id, misses):
@@ -122,6 +137,7 @@ def test_memory_verdict_matches_what_happened(run):
         "Spearman 0.576: the layouts with the most DP traffic and TP=8 at micro-batch 1-2 are predicted nearly as "
         "fast as the best (docs/planner.md, what is missing)"))),
     "bloom-tr11-2022-02-21",
+    "bloom-tr11-2022-02-28",
 ])
 def test_layouts_of_one_sweep_rank_as_measured(sweep):
     assert validation.summary().sweeps[sweep] >= 0.6
@@ -132,14 +148,14 @@ def test_issue_goal_median_error_within_10_percent():
     assert validation.summary().median_abs_error <= 0.10
 
 
-@pytest.mark.xfail(strict=True, reason="bias +7.4% over 123 runs: the FSDP rows (MosaicML, costed with the "
-                                       "pytorch-fsdp profiles) lean +9%, torchtitan's FSDP2 rows on A100 +14% and the A100 "
-                                       "rows of the 2021-22 stacks +11% (docs/planner.md, what is missing)")
+@pytest.mark.xfail(strict=True, reason="bias +5.1% over 167 runs: the FSDP rows (MosaicML, costed with the "
+                                       "pytorch-fsdp profiles) lean +9%, torchtitan's FSDP2 rows on A100 +14% and "
+                                       "BigScience's A100 sweeps +8.5% (docs/planner.md, what is missing)")
 def test_issue_goal_bias_within_5_percent():
     assert abs(validation.summary().signed_bias) <= 0.05
 
 
-@pytest.mark.xfail(strict=True, reason="the A100 rows lean +11.1% (80GB) and +11.2% (40GB): the 2021-22 stacks "
+@pytest.mark.xfail(strict=True, reason="the A100 rows lean +8.6% (80GB) and +11.2% (40GB): the 2021-22 stacks "
                                        "(Narayanan et al., BLOOM and its sweep: the sweep's TP=8 rows predicted fast "
                                        "inside a node), the MosaicML FSDP rows and torchtitan's FSDP2 rows "
                                        "(docs/planner.md, what is missing)")
@@ -220,7 +236,8 @@ def test_the_readme_quotes_the_current_validation():
     readme = " ".join((Path(__file__).resolve().parents[2] / "README.md").read_text().split())
     for quoted in (f"over {s.timed} published runs", f"median |error| {s.median_abs_error:.1%}",
                    f"lean {s.signed_bias:+.1%} high", f"{s.memory_right} of {s.memory_checked} memory verdicts right",
-                   f"Spearman {s.sweeps['bloom-tr11-2022-02-21']:.3f} and {s.sweeps['bloom-tr11-2022-02-25']:.3f}",
+                   f"Spearman {s.sweeps['bloom-tr11-2022-02-21']:.3f}, {s.sweeps['bloom-tr11-2022-02-25']:.3f} and "
+                   f"{s.sweeps['bloom-tr11-2022-02-28']:.3f}",
                    f"{s.by_gpu['h100-80gb'][2]:+.1%} on H100, {s.by_gpu['a100-80gb'][2]:+.1%} on A100 80GB and "
                    f"{s.by_gpu['a100-40gb'][2]:+.1%} on A100 40GB",
                    f"{s.by_stack['NeMo 1'][2]:+.1%} on NeMo 1 and {s.by_stack['NeMo 2'][2]:+.1%} on NeMo 2 "
