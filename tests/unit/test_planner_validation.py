@@ -1,7 +1,8 @@
 """Out-of-sample check: published runs the planner was not built on (topology/data/validation_runs.json:
 NVIDIA DGX Cloud benchmark recipes on H100, BigScience's two sweeps of layouts of one 181B model on
 384 A100s (19 layouts on 02-25, 3 of which ran out of memory; 7 micro-batch sizes of two layouts on 02-21) and its
-02-28 sweep of layouts and shapes of 176-206B models under BF16_Optimizer (20 rows, 3 out of memory), MosaicML's MPT
+02-28 sweep of layouts and shapes of 176-206B models under BF16_Optimizer (20 rows, 3 out of memory), Megatron-Turing
+NLG 530B on 2,240-3,360 A100s, MosaicML's MPT
 benchmarks under PyTorch FSDP on A100 and H100, and Megatron-Core 0.8's weak-scaling table of nine GPT models on up to
 6,144 H100s), each evaluated with its published layout through topology.cases. Timed runs predict MFU within
 15% (relative, the tolerance the public cases get in test_planner_cases.py) of the reported
@@ -44,6 +45,12 @@ _SWEEP_0228 = ("predicted high by 17-20% where the 02-28 sweep's other rows lean
                "what is missing")
 KNOWN_MISSES.update({f"bloom-sweep0228-{k}": _SWEEP_0228 for k in (
     "184b-nh64-tp8-pp6-dp8-mb2", "178b-nh104-tp4-pp12-dp8-mb2")})
+_MTNLG = ("predicted high by 27-32%: Megatron-Turing NLG 530B on DeepSpeed's pipeline engine (TP8 PP35 on Selene), "
+          "where Narayanan et al.'s run of the same 530B shape at TP8 PP35 on Selene, on Megatron's own interleaved "
+          "schedule, is predicted within 2%: the planner costs the two stacks 1.3 points of MFU apart, they ran 9 "
+          "points apart; the lean follows DeepSpeed's pipeline engine at TP=8, as on BigScience's TP=8 rows, not "
+          "Jean Zay's network or its blocking launches; docs/planner.md, what is missing")
+KNOWN_MISSES.update({f"mtnlg-530b-{n}": _MTNLG for n in (2240, 2800, 3360)})
 _FSDP = ("PyTorch FSDP as MosaicML's llm-foundry ran it (Composer, 2023), costed with its own profiles (pytorch-fsdp: "
          "every gather and reduce-scatter hidden behind compute but for the SMs NCCL holds, each micro-batch's flat "
          "gradient moved through HBM) with its Triton attention and its fused 16-bit loss: its rows lean -1 to +45%, "
@@ -148,14 +155,15 @@ def test_issue_goal_median_error_within_10_percent():
     assert validation.summary().median_abs_error <= 0.10
 
 
-@pytest.mark.xfail(strict=True, reason="bias +5.1% over 167 runs: the FSDP rows (MosaicML, costed with the "
+@pytest.mark.xfail(strict=True, reason="bias +5.1% over 170 runs: the FSDP rows (MosaicML, costed with the "
                                        "pytorch-fsdp profiles) lean +9%, torchtitan's FSDP2 rows on A100 +14% and "
-                                       "BigScience's A100 sweeps +8.5% (docs/planner.md, what is missing)")
+                                       "the DeepSpeed pipeline engine's A100 runs +8.5% (BigScience) to +29% (MT-NLG) "
+                                       "(docs/planner.md, what is missing)")
 def test_issue_goal_bias_within_5_percent():
     assert abs(validation.summary().signed_bias) <= 0.05
 
 
-@pytest.mark.xfail(strict=True, reason="the A100 rows lean +8.6% (80GB) and +11.2% (40GB): the 2021-22 stacks "
+@pytest.mark.xfail(strict=True, reason="the A100 rows lean +9.0% (80GB) and +11.2% (40GB): the 2021-22 stacks "
                                        "(Narayanan et al., BLOOM and its sweep: the sweep's TP=8 rows predicted fast "
                                        "inside a node), the MosaicML FSDP rows and torchtitan's FSDP2 rows "
                                        "(docs/planner.md, what is missing)")
