@@ -162,6 +162,9 @@ def search(req: Request, top: int = 5) -> SearchResult:
         if axis not in sw.model_parallel_axes and req.pins.get(axis, 1) > 1:
             raise PlanError(f"{axis} {req.pins[axis]} is not part of {sw.label} (it splits a replica along "
                             f"{', '.join(sw.model_parallel_axes)} only): pin --{axis} 1")
+    if not sw.interleaved_pipeline and req.pins.get("vpp", 1) > 1:
+        raise PlanError(f"vpp {req.pins['vpp']} is not part of {sw.label} (its pipeline runs 1F1B without virtual "
+                        f"stages): pin --vpp 1")
     if all(a in req.pins for a in AXES):
         plan = _base_plan(req, **{a: req.pins[a] for a in AXES})
         plan = _with_split(plan)
@@ -253,8 +256,8 @@ def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, r
         accum = per_replica // mb
         slots_max = m.layers + 2 if pp > 1 else m.layers
         vpps = _choices(req, "vpp", [v for v in (1, 2, 3, 4, 6, 8, 12, 16) if v == 1 or (
-            pp > 1 and accum % pp == 0 and (m.layers % (pp * v) == 0 or (m.layers + 2) % (pp * v) == 0)
-            and pp * v <= slots_max)])
+            req.software.interleaved_pipeline and pp > 1 and accum % pp == 0
+            and (m.layers % (pp * v) == 0 or (m.layers + 2) % (pp * v) == 0) and pp * v <= slots_max)])
         for v in vpps:
             for zero in zeros:
                 outcome = _first_fit(req, gpu, result, tp, cp, pp, dp, mb, v, zero, recomputes)

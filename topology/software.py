@@ -250,6 +250,10 @@ class Software:
     # The model-parallel axes the stack can split a replica along (DP is always there): torchtitan of April 2024
     # had TP beside FSDP, no pipeline (parallelize_llama raised "PP not implemented yet") and no context parallelism.
     model_parallel_axes: tuple[str, ...] = ("tp", "cp", "pp")
+    # The interleaved pipeline schedule (virtual stages, Narayanan et al. 2021): Megatron's schedules run it;
+    # DeepSpeed's PipelineEngine runs 1F1B only (runtime/pipe/schedule.py TrainSchedule; "equivalent to the
+    # 1F1B schedule", deepspeedai/DeepSpeed issue #1110).
+    interleaved_pipeline: bool = True
 
     @property
     def grad_accum_hbm_efficiency(self) -> float:
@@ -343,11 +347,13 @@ MEGATRON_2021_RESERVE = 0.272
 # megatron-core), and it splits pipeline messages over TP (scatter/gather, Narayanan et al. §4.1).
 # No ZeRO: its distributed optimizer came in 2022.
 # CUDA 11.x before 11.7 (2022): every kernel loaded into the context at start.
+# No context parallelism: it came with megatron-core (2023); a replica splits along TP and PP.
 MEGATRON_2021 = Software(name="megatron-lm-2021", label="Megatron-LM 2021", sequence_parallel=False, zero_stages=(0,), dp_inside_pp=True,
                          recompute_modes=("none", "full"), rotary=False,
                          flash_attention=False, dropout=True, overlap_grad_reduce=False, overlap_param_gather=False,
                          overlap_p2p=False, grad_accum_bytes_per_param=GRAD_ADD_MIXED, tp_bwd_overlap=False, p2p_scatter_gather=True,
-                         eager_module_loading=True, allocator_reserve=MEGATRON_2021_RESERVE)
+                         eager_module_loading=True, allocator_reserve=MEGATRON_2021_RESERVE,
+                         model_parallel_axes=("tp", "pp"))
 # Megatron-LM 2022 (Korthikanti et al. 2022, "Reducing Activation Recomputation"): the 2021 layers
 # with sequence parallelism and selective recomputation (the attention core again in backward), still
 # no FlashAttention and dropout 0.1; --async-tensor-model-parallel-allreduce (the column-parallel
@@ -376,7 +382,7 @@ MEGATRON_2021_TORCH_DDP = replace(MEGATRON_2021, name="megatron-lm-2021-torch-dd
 # TrainSchedule.num_pipe_buffers = stages - stage_id); DeepSpeed's FusedAdam steps in place; the
 # bf16 .grad copies stay beside the fp32 buffer (keeps_16bit_grads).
 _DEEPSPEED_PIPE = replace(MEGATRON_2021, zero_stages=(0, 1), blocking_p2p=True, pipeline_output_buffers=True,
-                          allocator_reserve=DEEPSPEED_PIPE_RESERVE)
+                          allocator_reserve=DEEPSPEED_PIPE_RESERVE, interleaved_pipeline=False)
 DEEPSPEED_BF16_PIPE = replace(_DEEPSPEED_PIPE, name="deepspeed-pipe-bf16",
                               label="DeepSpeed's pipeline engine with BF16_Optimizer", fp32_grads=True,
                               full_grad_allreduce=True, grad_accum_bytes_per_param=GRAD_ADD_CAST_COPY,

@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .cases import CASES_PATH, VALIDATION_PATH, case_stack, load_cases, predict_case
+from .cases import CASES_PATH, VALIDATION_PATH, case_software, case_stack, load_cases, predict_case
 from .search import Evaluated
 from .hardware import GIB, catalogue_base, get_gpu
 
@@ -22,7 +22,8 @@ from .hardware import GIB, catalogue_base, get_gpu
 # runs that report a throughput.
 RANGE_PERCENTILES = (10, 90)
 # A GPU with at least this many timed runs gets the range of its own runs (A100 and H100 lean
-# differently); any other GPU gets the range of all runs.
+# differently), and a plan for a software profile that has this many on its GPU the range of those
+# (DeepSpeed's pipeline engine and FSDP lean differently from NeMo); anything else the range of all runs.
 OWN_RANGE_MIN_RUNS = 10
 TOLERANCE = 0.15  # "within" in the summary: |predicted / reported - 1| <= 15%
 # A plan is "near" a validated run along one axis when within these factors of it.
@@ -47,6 +48,11 @@ class CaseCheck:
     sweep: str | None
     stack: str  # the software family that ran it (cases.case_stack)
     precision: str = "bf16"  # what its layers computed in: bf16, fp16 or fp8
+    software: str = ""  # the software profile it was costed with (topology/software.py PROFILES)
+
+    @property
+    def gpu_software(self) -> tuple[str, str]:
+        return self.gpu, self.software
 
     @property
     def error(self) -> float | None:
@@ -76,7 +82,8 @@ def check(case: dict) -> CaseCheck:
     return CaseCheck(case["id"], case["num_gpus"], case["gpu"].lower(), layout, p.model.total_params,
                      p.model.hidden // p.tp, p.seq_len, case.get("model_flops_mfu"), _mfu_16bit(e, case),
                      e.memory.total / GIB, get_gpu(case["gpu"].lower()).memory_gib, e.fits,
-                     case.get("outcome", "ran") != "oom", case.get("sweep"), case_stack(case), p.precision)
+                     case.get("outcome", "ran") != "oom", case.get("sweep"), case_stack(case), p.precision,
+                     case_software(case)[0].name)
 
 
 @lru_cache(maxsize=1)
@@ -122,6 +129,7 @@ class Summary:
     sweeps: dict  # sweep name -> Spearman rank correlation of predicted vs reported MFU
     by_gpu: dict  # GPU -> (timed runs, median |error|, median signed error): where the lean sits
     gpu_ranges: dict  # GPU with OWN_RANGE_MIN_RUNS timed runs -> RANGE_PERCENTILES of its reported / predicted
+    profile_ranges: dict  # (GPU, software profile) with OWN_RANGE_MIN_RUNS timed runs -> the same over those
     by_stack: dict  # software family -> (timed runs, median |error|, median signed error)
     by_precision: dict  # bf16 / fp16 / fp8 -> (timed runs, median |error|, median signed error)
 
@@ -140,10 +148,11 @@ def summary(rows: tuple[CaseCheck, ...] | None = None) -> Summary:
         timed = [r for r in rows if r.sweep == name and r.error is not None]
         sweeps[name] = spearman([r.predicted_mfu for r in timed], [r.reported_mfu for r in timed])
     errors_by_gpu = _errors_by(rows, "gpu")
-    gpu_ranges = {gpu: _ratio_range(errs) for gpu, errs in errors_by_gpu.items() if len(errs) >= OWN_RANGE_MIN_RUNS}
+    own = lambda errors_by: {k: _ratio_range(errs) for k, errs in errors_by.items() if len(errs) >= OWN_RANGE_MIN_RUNS}
     return Summary(len(errors), statistics.median(abs(e) for e in errors), statistics.median(errors),
                    sum(abs(e) <= TOLERANCE for e in errors), sum(r.memory_right for r in rows), len(rows),
-                   _ratio_range(errors), sweeps, _stats(errors_by_gpu), gpu_ranges, _stats(_errors_by(rows, "stack")),
+                   _ratio_range(errors), sweeps, _stats(errors_by_gpu), own(errors_by_gpu),
+                   own(_errors_by(rows, "gpu_software")), _stats(_errors_by(rows, "stack")),
                    _stats(_errors_by(rows, "precision")))
 
 
@@ -162,27 +171,47 @@ def _stats(errors_by: dict) -> dict:
             for value, errs in errors_by.items()}
 
 
-def ratio_range(gpu: str | None = None) -> tuple[float, float]:
-    """reported / predicted spread for plans on ``gpu``: its own runs' where it has OWN_RANGE_MIN_RUNS,
-    else all runs'. A GPU file based on a catalogue GPU is that GPU."""
-    s = summary()
-    return s.gpu_ranges.get(catalogue_base(gpu or ""), s.ratio_range)
+def _range_runs(gpu: str | None, software: str | None) -> tuple[tuple[str, str] | str | None, tuple[float, float]]:
+    """Which published runs a plan's range comes from, and their spread: those on its GPU costed with its
+    software profile where there are OWN_RANGE_MIN_RUNS, else those on its GPU where there are as many,
+    else all (key None). A GPU file based on a catalogue GPU is that GPU."""
+    s, base = summary(), catalogue_base(gpu or "")
+    if (base, software) in s.profile_ranges:
+        return (base, software), s.profile_ranges[base, software]
+    if base in s.gpu_ranges:
+        return base, s.gpu_ranges[base]
+    return None, s.ratio_range
 
 
-def mfu_range(mfu: float, gpu: str | None = None) -> tuple[float, float]:
+def ratio_range(gpu: str | None = None, software: str | None = None) -> tuple[float, float]:
+    """reported / predicted spread for plans on ``gpu`` under the ``software`` profile (_range_runs)."""
+    return _range_runs(gpu, software)[1]
+
+
+def mfu_range(mfu: float, gpu: str | None = None, software: str | None = None) -> tuple[float, float]:
     """[lo, hi] around a predicted MFU from the validation spread; lo <= mfu <= hi."""
-    lo, hi = ratio_range(gpu)
+    lo, hi = ratio_range(gpu, software)
     return mfu * min(lo, 1.0), mfu * max(hi, 1.0)
 
 
-def step_time_range(step_s: float, gpu: str | None = None) -> tuple[float, float]:
-    lo, hi = ratio_range(gpu)
+def step_time_range(step_s: float, gpu: str | None = None, software: str | None = None) -> tuple[float, float]:
+    lo, hi = ratio_range(gpu, software)
     return step_s / max(hi, 1.0), step_s / min(lo, 1.0)
 
 
-RANGE_NOTE = (f"ranges: the {RANGE_PERCENTILES[0]}th-{RANGE_PERCENTILES[1]}th percentile of reported/predicted "
-              f"MFU over the published runs of `hybridpar plan --validate` on that GPU (on every GPU where fewer "
-              f"than {OWN_RANGE_MIN_RUNS} used it)")
+def range_note(gpu: str | None = None, software: str | None = None) -> str:
+    """One line saying which published runs the ranges of a plan on ``gpu`` under ``software`` come from."""
+    key, _ = _range_runs(gpu, software)
+    if isinstance(key, tuple):
+        n = sum(1 for r in checks() if r.error is not None and r.gpu_software == key)
+        runs = f"the {n} published runs on {key[0]} costed with {key[1]}"
+    elif key:
+        runs = (f"the {summary().by_gpu[key][0]} published runs on {key} (every stack; fewer than "
+                f"{OWN_RANGE_MIN_RUNS} with this software profile)")
+    else:
+        runs = f"all {summary().timed} published runs (fewer than {OWN_RANGE_MIN_RUNS} on this GPU)"
+    return (f"ranges: the {RANGE_PERCENTILES[0]}th-{RANGE_PERCENTILES[1]}th percentile of reported/predicted MFU "
+            f"over {runs} (`hybridpar plan --validate`)")
 
 
 def outside_validated_region(params: float, gpu: str, hidden_per_tp: int, seq_len: int) -> str | None:

@@ -199,9 +199,9 @@ def test_published_layouts_evaluate_from_the_command_line_with_their_software(ca
 
 
 def test_older_stacks_plan_without_what_they_lacked(capsys):
-    """Megatron-LM 2021 has neither ZeRO, sequence parallelism nor selective recomputation;
-    DeepSpeed's pipeline engine (over those layers) runs ZeRO 0-1 in bf16 only: the search keeps to
-    that, and pins outside it are refused in one line."""
+    """Megatron-LM 2021 has neither ZeRO, sequence parallelism, selective recomputation nor context
+    parallelism; DeepSpeed's pipeline engine (over those layers) runs ZeRO 0-1 in bf16 only and 1F1B
+    without virtual stages: the search keeps to that, and pins outside it are refused in one line."""
     argv = ["--model", "gpt3-175b", "--gpus", "1024", "--gpu", "a100-80gb", "--seq-len", "2048",
             "--global-batch", "1536", "--json", "--top", "50"]
     code, out, _ = run([*argv, "--software", "megatron-lm-2021"], capsys)
@@ -209,9 +209,13 @@ def test_older_stacks_plan_without_what_they_lacked(capsys):
     assert code == 0 and plans and all(p["zero_stage"] == 0 and p["recompute"] != "selective" for p in plans)
     mine = json.loads(run(argv, capsys)[1])["plans"]
     assert mine[0]["mfu"] > plans[0]["mfu"]  # FlashAttention, SP and overlap against the 2021 stack
+    assert all(p["cp"] == 1 for p in plans)  # context parallelism came with megatron-core
     code, out, _ = run([*argv, "--software", "deepspeed-pipe-bf16"], capsys)
-    assert code == 0 and {p["zero_stage"] for p in json.loads(out)["plans"]} <= {0, 1}
+    ds = json.loads(out)["plans"]
+    assert code == 0 and {p["zero_stage"] for p in ds} <= {0, 1} and {(p["vpp"], p["cp"]) for p in ds} == {(1, 1)}
     for bad, words in [(["--software", "megatron-lm-2021", "--zero", "1"], "ZeRO-1 is not part of Megatron-LM 2021"),
+                       (["--software", "megatron-lm-2021", "--cp", "2"], "cp 2 is not part of Megatron-LM 2021"),
+                       (["--software", "deepspeed-pipe-bf16", "--vpp", "2"], "runs 1F1B without virtual stages"),
                        (["--software", "deepspeed-pipe-bf16", "--recompute", "selective"], "recompute selective is not part"),
                        (["--software", "deepspeed-pipe-bf16", "--precision", "fp16"], "use --precision bf16"),
                        (["--network-gbit", "0"], "--network-gbit must be a positive"),
@@ -340,7 +344,7 @@ def test_every_plan_carries_ranges_and_its_validated_region(capsys):
 
 def test_a_plans_range_is_its_gpus_own_spread(capsys):
     """A100 and H100 runs lean differently; a plan takes the spread of its own GPU's runs, a GPU
-    with too few (B200) the spread of all."""
+    with too few (B200) the spread of all, and a software profile with enough runs on the GPU theirs."""
     from hybridpar.topology import validation
     argv = ["--model", "llama3-70b", "--gpus", "512", "--top", "1", "--json"]
     for gpu in ("a100-80gb", "h100-80gb", "b200-180gb"):
@@ -348,6 +352,12 @@ def test_a_plans_range_is_its_gpus_own_spread(capsys):
         lo, hi = validation.ratio_range(gpu)
         assert p["mfu_range"] == pytest.approx([p["mfu"] * min(lo, 1.0), p["mfu"] * max(hi, 1.0)], abs=2e-4)
     assert validation.ratio_range("a100-80gb") != validation.ratio_range("h100-80gb")
+    # a stack with enough runs of its own on that GPU: their spread, and the table says whose
+    ds = ["--gpu", "a100-80gb", "--software", "deepspeed-pipe-zero1"]
+    (p,) = json.loads(run([*argv, *ds], capsys)[1])["plans"]
+    lo, hi = validation.ratio_range("a100-80gb", "deepspeed-pipe-zero1")
+    assert p["mfu_range"] == pytest.approx([p["mfu"] * min(lo, 1.0), p["mfu"] * max(hi, 1.0)], abs=2e-4)
+    assert "costed with deepspeed-pipe-zero1" in run([*argv[:-1], *ds], capsys)[1]
 
 
 def test_validate_prints_every_published_run_and_the_summary(capsys):
@@ -366,6 +376,7 @@ def test_validate_prints_every_published_run_and_the_summary(capsys):
         assert f"{gpu} {n} runs" in out and data["by_gpu"][gpu] == {
             "timed": n, "median_abs_error": round(s.by_gpu[gpu][1], 4), "signed_bias": round(bias, 4)}
     assert set(data["reported_over_predicted_range_by_gpu"]) == set(s.gpu_ranges) and s.gpu_ranges
+    assert set(data["reported_over_predicted_range_by_gpu_and_software"]) == {f"{g}/{sw}" for g, sw in s.profile_ranges}
     fp8 = [r for r in checks() if r.precision == "fp8" and r.error is not None]
     assert fp8 and data["by_precision"]["fp8"]["timed"] == len(fp8) == s.by_precision["fp8"][0]
     assert f"by precision: bf16 {s.by_precision['bf16'][0]} runs" in out

@@ -185,6 +185,25 @@ def test_per_gpu_statistics_and_ranges_are_their_rows():
     assert validation.ratio_range("b200-180gb") == s.ratio_range == validation.ratio_range()
 
 
+def test_a_software_profiles_range_is_its_own_runs_on_that_gpu():
+    """DeepSpeed's pipeline engine and FSDP lean differently from NeMo on the same GPU: a plan for a profile with
+    OWN_RANGE_MIN_RUNS timed runs on its GPU takes their spread and says so; others fall back to the GPU's."""
+    rows = [r for r in validation.checks() if r.error is not None]
+    s = validation.summary()
+    assert {("a100-80gb", "deepspeed-pipe-zero1"), ("h100-80gb", "nemo-distributed-fused-adam")} <= set(s.profile_ranges)
+    for (gpu, sw), spread in s.profile_ranges.items():
+        errors = [r.error for r in rows if r.gpu_software == (gpu, sw)]
+        assert len(errors) >= validation.OWN_RANGE_MIN_RUNS and spread == validation._ratio_range(errors)
+        assert validation.ratio_range(gpu, sw) == spread
+        assert f"the {len(errors)} published runs on {gpu} costed with {sw}" in validation.range_note(gpu, sw)
+    # hybridpar's own runtime has no published GPU run: its plans take the GPU's spread over every stack
+    assert validation.ratio_range("a100-80gb", "hybridpar") == s.gpu_ranges["a100-80gb"]
+    assert "every stack" in validation.range_note("a100-80gb", "hybridpar")
+    assert validation.ratio_range("b200-180gb", "megatron-core") == s.ratio_range
+    assert "all" in validation.range_note("b200-180gb", "megatron-core")
+    assert validation.ratio_range("a100-80gb", "deepspeed-pipe-zero1") != s.gpu_ranges["a100-80gb"]
+
+
 def test_per_stack_statistics_are_their_rows():
     """Every run names the software family that ran it; each family's figures are its rows'."""
     rows = [r for r in validation.checks() if r.error is not None]

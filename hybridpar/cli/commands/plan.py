@@ -242,9 +242,9 @@ def plan_json(req: Request, e) -> dict:
     """A plan's JSON: topology.search.Evaluated.to_json plus its ranges and, outside the validated
     region, the note saying so."""
     c = e.cost
-    gpu = req.hardware().name
-    return {**e.to_json(), "mfu_range": [round(x, 4) for x in validation.mfu_range(c.mfu, gpu)],
-            "step_time_s_range": [round(x, 4) for x in validation.step_time_range(c.step_time_s, gpu)],
+    gpu, sw = req.hardware().name, req.software.name
+    return {**e.to_json(), "mfu_range": [round(x, 4) for x in validation.mfu_range(c.mfu, gpu, sw)],
+            "step_time_s_range": [round(x, 4) for x in validation.step_time_range(c.step_time_s, gpu, sw)],
             "validated_region": region_note(req, e)}
 
 
@@ -278,9 +278,11 @@ def render_validation() -> str:
               "runs that ran out of memory predicted not to)"]
     lines += [f"ranking inside sweep {name}: Spearman {rho:.3f} (predicted vs reported MFU; 1 = the measured order)" for name, rho in s.sweeps.items()]
     own = "; ".join(f"{gpu} {glo:.2f}-{ghi:.2f}" for gpu, (glo, ghi) in s.gpu_ranges.items())
+    by_profile = "; ".join(f"{gpu} {sw} {glo:.2f}-{ghi:.2f}" for (gpu, sw), (glo, ghi) in s.profile_ranges.items())
     lines.append(f"range given with every prediction, reported/predicted "
-                 f"({validation.RANGE_PERCENTILES[0]}th-{validation.RANGE_PERCENTILES[1]}th percentile): {own}; "
-                 f"other GPUs {lo:.2f}-{hi:.2f} (all runs)")
+                 f"({validation.RANGE_PERCENTILES[0]}th-{validation.RANGE_PERCENTILES[1]}th percentile): on a GPU "
+                 f"under a software profile with {validation.OWN_RANGE_MIN_RUNS}+ runs there: {by_profile}; "
+                 f"else on the GPU: {own}; other GPUs {lo:.2f}-{hi:.2f} (all runs)")
     return "\n".join(lines)
 
 
@@ -299,12 +301,14 @@ def validation_json() -> dict:
                       "predicted_mfu": round(r.predicted_mfu, 4),
                       "error": None if r.error is None else round(r.error, 4), "memory_gib": round(r.memory_gib, 2),
                       "fits": r.fits, "ran": r.ran, "memory_verdict": r.memory_verdict, "stack": r.stack,
-                      "precision": r.precision}
+                      "precision": r.precision, "software": r.software}
                      for r in validation.checks()],
             "median_abs_error": round(s.median_abs_error, 4), "signed_bias": round(s.signed_bias, 4),
             "within_15_percent": s.within, "timed": s.timed, "memory_right": s.memory_right,
             "memory_checked": s.memory_checked, "reported_over_predicted_range": [round(x, 4) for x in s.ratio_range],
             "reported_over_predicted_range_by_gpu": {g: [round(x, 4) for x in r] for g, r in s.gpu_ranges.items()},
+            "reported_over_predicted_range_by_gpu_and_software": {f"{g}/{sw}": [round(x, 4) for x in r]
+                                                                  for (g, sw), r in s.profile_ranges.items()},
             "sweep_spearman": {k: round(v, 3) for k, v in s.sweeps.items()},
             "by_gpu": _groups_json(s.by_gpu), "by_stack": _groups_json(s.by_stack),
             "by_precision": _groups_json(s.by_precision)}
@@ -332,8 +336,8 @@ def render(req: Request, result) -> str:
     lines += ["", head, "-" * len(head)]
     for i, e in enumerate(result.plans, 1):
         p, c = e.plan, e.cost
-        slo, shi = validation.step_time_range(c.step_time_s, gpu.name)
-        mlo, mhi = validation.mfu_range(c.mfu, gpu.name)
+        slo, shi = validation.step_time_range(c.step_time_s, gpu.name, req.software.name)
+        mlo, mhi = validation.mfu_range(c.mfu, gpu.name, req.software.name)
         step = f"{_three_figures(c.step_time_s)} ({_three_figures(slo)}-{_three_figures(shi)})"
         mfu = f"{c.mfu:.0%} ({mlo * 100:.0f}-{mhi:.0%})"
         fits = "yes" if e.fits else "NO"
@@ -343,7 +347,7 @@ def render(req: Request, result) -> str:
                      f"{p.grad_accum:>4} {p.zero_stage:>1} {p.recompute:<{rc_width}} {step:>21} "
                      f"{c.tokens_per_s:>10,.0f} {c.tflops_per_gpu:>7.1f} {mfu:>13} {c.bubble_fraction:>6.1%} "
                      f"{e.memory.total / GIB:>5.1f} {fits}")
-    lines.append(validation.RANGE_NOTE)
+    lines.append(validation.range_note(gpu.name, req.software.name))
     if req.precision == "fp8":
         lines.append(f"fp8: MFU over the dense fp8 peak ({gpu.peak_tflops('fp8'):,.0f} TFLOP/s); the layers' GEMMs in fp8 with "
                      f"Transformer Engine's casts, the output layer in bf16 (docs/planner.md, \"Time\": FP8)")
