@@ -3,8 +3,8 @@
 every prediction its range, and the runs' shapes say where the planner has been checked at all.
 
 Runs: ../shared/cases/public_cases.json (14) and topology/data/validation_runs.json (the out-of-sample
-runs: NeMo recipes, two sweeps of layouts of one model on one cluster, with the layouts that ran out of memory,
-and MosaicML's PyTorch FSDP benchmarks).
+runs: NeMo recipes, BigScience's sweeps of layouts on one cluster with the layouts that ran out of memory,
+Megatron-Turing NLG, MosaicML's PyTorch FSDP benchmarks, Megatron-Core's and torchtitan's tables).
 Nothing here feeds back into the physics: the ranges are read off the errors, never used to correct
 the prediction.
 """
