@@ -21,7 +21,7 @@ def test_json_output(capsys):
     code, out, _ = run(["--model", "llama3-70b", "--gpus", "64", "--top", "3", "--json"], capsys)
     assert code == 0
     data = json.loads(out)
-    assert set(data) == {"plans", "rejected"}
+    assert set(data) == {"plans", "rejected", "ranges_from"} and "published runs on h100-80gb" in data["ranges_from"]
     assert 1 <= len(data["plans"]) <= 3
     assert data["plans"][0]["tp"] * data["plans"][0]["pp"] * data["plans"][0]["cp"] * data["plans"][0]["dp"] == 64
 

@@ -91,7 +91,7 @@ def add_arguments(p):
                    "optimizer-state snapshot to host memory and, with ZeRO, the exchange with the next replica "
                    "(docs/planner.md); a recipe's reliability.tolerate_replica_loss turns it on too")
     p.add_argument("--top", type=int, default=5, help="plans to show (default 5)")
-    p.add_argument("--json", action="store_true", help='print {"plans": [...], "rejected": [...]}')
+    p.add_argument("--json", action="store_true", help='print {"plans": [...], "rejected": [...], "ranges_from": ...}')
 
 
 # Recipe parallel keys that become pins (dp is not one: it follows from --gpus).
@@ -226,7 +226,8 @@ def run(args) -> int:
     result = search(req, top=top)
     if args.json:
         print(json.dumps({"plans": [plan_json(req, e) for e in result.plans],
-                          "rejected": [r.to_json() for r in result.rejected]}, indent=1))
+                          "rejected": [r.to_json() for r in result.rejected],
+                          "ranges_from": validation.range_note(req.hardware().name, req.software.name)}, indent=1))
         return 0
     print(render(req, result))
     return 0
