@@ -148,7 +148,8 @@ def case_plans(case: dict) -> list[Plan]:
                   case["vocab"], case["mlp"], case["id"], tied_embeddings=case.get("tied_embeddings", not modern))
     out = []
     for mb in [case["micro_batch"]] if case["micro_batch"] else UNPUBLISHED_MICRO_BATCHES:
-        for v in [case["vpp"]] if case["vpp"] else _virtual_stage_choices(case["layers"], case["pp"]):
+        unpublished = _virtual_stage_choices(case["layers"], case["pp"]) if _profile(case).interleaved_pipeline else [1]
+        for v in [case["vpp"]] if case["vpp"] else unpublished:
             plan = Plan(m, case["seq_len"], case["global_batch_seqs"], tp=case["tp"], cp=case["cp"],
                         pp=case["pp"], dp=case["dp"], vpp=v, micro_batch=mb, zero_stage=case["zero_stage"],
                         recompute=case["recompute"] or "none", sequence_parallel=modern and case["tp"] > 1,

@@ -204,6 +204,14 @@ def test_a_software_profiles_range_is_its_own_runs_on_that_gpu():
     assert validation.ratio_range("a100-80gb", "deepspeed-pipe-zero1") != s.gpu_ranges["a100-80gb"]
 
 
+def test_an_unpublished_vpp_is_one_the_stack_could_run():
+    """Where a run does not publish its virtual stages, the planner costs the ones its stack has: DeepSpeed's
+    pipeline engine none (1F1B only), Megatron's interleaved schedule the fastest that fits."""
+    run = dict(next(r for r in RUNS if r["id"] == "bloom-sweep-tp8-pp2-dp24-mb2"), vpp=None)  # 42 micro-batches
+    assert predict_case(run).plan.vpp == 1
+    assert predict_case(dict(run, software="megatron-lm-2021", zero_stage=0)).plan.vpp > 1
+
+
 def test_per_stack_statistics_are_their_rows():
     """Every run names the software family that ran it; each family's figures are its rows'."""
     rows = [r for r in validation.checks() if r.error is not None]
