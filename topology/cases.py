@@ -147,8 +147,8 @@ def case_plans(case: dict) -> list[Plan]:
     m = ModelSpec(case["layers"], case["hidden"], case["ffn_hidden"], case["heads"], case["kv_heads"],
                   case["vocab"], case["mlp"], case["id"], tied_embeddings=case.get("tied_embeddings", not modern))
     out = []
+    unpublished = _virtual_stage_choices(case["layers"], case["pp"]) if _profile(case).interleaved_pipeline else [1]
     for mb in [case["micro_batch"]] if case["micro_batch"] else UNPUBLISHED_MICRO_BATCHES:
-        unpublished = _virtual_stage_choices(case["layers"], case["pp"]) if _profile(case).interleaved_pipeline else [1]
         for v in [case["vpp"]] if case["vpp"] else unpublished:
             plan = Plan(m, case["seq_len"], case["global_batch_seqs"], tp=case["tp"], cp=case["cp"],
                         pp=case["pp"], dp=case["dp"], vpp=v, micro_batch=mb, zero_stage=case["zero_stage"],
