@@ -206,8 +206,8 @@ def range_note(gpu: str | None = None, software: str | None = None) -> str:
         n = sum(1 for r in checks() if r.error is not None and r.gpu_software == key)
         runs = f"the {n} published runs on {key[0]} costed with {key[1]}"
     elif key:
-        runs = (f"the {summary().by_gpu[key][0]} published runs on {key} (every stack; fewer than "
-                f"{OWN_RANGE_MIN_RUNS} with this software profile)")
+        fewer = f": fewer than {OWN_RANGE_MIN_RUNS} costed with {software}" if software else ""
+        runs = f"the {summary().by_gpu[key][0]} published runs on {key} (every stack{fewer})"
     else:
         runs = f"all {summary().timed} published runs (fewer than {OWN_RANGE_MIN_RUNS} on this GPU)"
     return (f"ranges: the {RANGE_PERCENTILES[0]}th-{RANGE_PERCENTILES[1]}th percentile of reported/predicted MFU "
