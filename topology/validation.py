@@ -130,6 +130,7 @@ class Summary:
     by_gpu: dict  # GPU -> (timed runs, median |error|, median signed error): where the lean sits
     gpu_ranges: dict  # GPU with OWN_RANGE_MIN_RUNS timed runs -> RANGE_PERCENTILES of its reported / predicted
     profile_ranges: dict  # (GPU, software profile) with OWN_RANGE_MIN_RUNS timed runs -> the same over those
+    by_gpu_software: dict  # (GPU, software profile) -> (timed runs, median |error|, median signed error)
     by_stack: dict  # software family -> (timed runs, median |error|, median signed error)
     by_precision: dict  # bf16 / fp16 / fp8 -> (timed runs, median |error|, median signed error)
 
@@ -147,12 +148,12 @@ def summary(rows: tuple[CaseCheck, ...] | None = None) -> Summary:
     for name in sorted({r.sweep for r in rows if r.sweep}):
         timed = [r for r in rows if r.sweep == name and r.error is not None]
         sweeps[name] = spearman([r.predicted_mfu for r in timed], [r.reported_mfu for r in timed])
-    errors_by_gpu = _errors_by(rows, "gpu")
+    errors_by_gpu, errors_by_gpu_software = _errors_by(rows, "gpu"), _errors_by(rows, "gpu_software")
     own = lambda errors_by: {k: _ratio_range(errs) for k, errs in errors_by.items() if len(errs) >= OWN_RANGE_MIN_RUNS}
     return Summary(len(errors), statistics.median(abs(e) for e in errors), statistics.median(errors),
                    sum(abs(e) <= TOLERANCE for e in errors), sum(r.memory_right for r in rows), len(rows),
                    _ratio_range(errors), sweeps, _stats(errors_by_gpu), own(errors_by_gpu),
-                   own(_errors_by(rows, "gpu_software")), _stats(_errors_by(rows, "stack")),
+                   own(errors_by_gpu_software), _stats(errors_by_gpu_software), _stats(_errors_by(rows, "stack")),
                    _stats(_errors_by(rows, "precision")))
 
 
@@ -202,14 +203,14 @@ def step_time_range(step_s: float, gpu: str | None = None, software: str | None 
 def range_note(gpu: str | None = None, software: str | None = None) -> str:
     """One line saying which published runs the ranges of a plan on ``gpu`` under ``software`` come from."""
     key, _ = _range_runs(gpu, software)
+    s = summary()
     if isinstance(key, tuple):
-        n = sum(1 for r in checks() if r.error is not None and r.gpu_software == key)
-        runs = f"the {n} published runs on {key[0]} costed with {key[1]}"
+        runs = f"the {s.by_gpu_software[key][0]} published runs on {key[0]} costed with {key[1]}"
     elif key:
         fewer = f": fewer than {OWN_RANGE_MIN_RUNS} costed with {software}" if software else ""
-        runs = f"the {summary().by_gpu[key][0]} published runs on {key} (every stack{fewer})"
+        runs = f"the {s.by_gpu[key][0]} published runs on {key} (every stack{fewer})"
     else:
-        runs = f"all {summary().timed} published runs (fewer than {OWN_RANGE_MIN_RUNS} on this GPU)"
+        runs = f"all {s.timed} published runs (fewer than {OWN_RANGE_MIN_RUNS} on this GPU)"
     return (f"ranges: the {RANGE_PERCENTILES[0]}th-{RANGE_PERCENTILES[1]}th percentile of reported/predicted MFU "
             f"over {runs} (`hybridpar plan --validate`)")
 
