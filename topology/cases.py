@@ -116,7 +116,8 @@ def _profile(case: dict) -> Software:
         # profile); FlashAttention-2 on H100 reaches "only 35% utilization" (FlashAttention-3 paper,
         # abstract).
         # Its ranks are ordered [TP, CP, PP, DP] innermost first (§3.3.2), DP outermost.
-        return replace(MEGATRON_CORE, attention_fraction=0.35, dp_inside_pp=False)
+        # Its CP all-gathers K and V before the attention (§3.3.2), no ring.
+        return replace(MEGATRON_CORE, attention_fraction=0.35, dp_inside_pp=False, cp_ring_overlap=False)
     if case["id"].startswith("bloom"):
         return DEEPSPEED_BF16_PIPE
     if case["id"] in TORCH_DDP_RUNS:

@@ -211,14 +211,24 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
                 tp_t += _hidden(ar, wgrad, sw, gpu, nodes)
     cp_t = 0.0
     if cp > 1:
-        # K/V all-gather fwd, dK/dV reduce-scatter bwd; recomputation (full, or selective: core
-        # attention, where the exchange lives) gathers again in backward.
+        # K/V all-gather fwd, dK/dV reduce-scatter bwd (a ring moves the same bytes: K/V forward, K/V and
+        # dK/dV backward); recomputation (full, or selective: core attention, where the exchange lives)
+        # gathers again in backward.
         exchanges = 2 + RECOMPUTED_ATTENTION.get(recompute, 0)
         kv_bytes = mb * seq * 2 * kv / tp * 2
         cp_bw = gpu.nvlink_gbps if tp * cp <= gpus_per_node else gpu.network_gbps
         cp_nodes = group_nodes(cp, tp * cp, gpus_per_node)
-        cp_t = ((exchanges - 1) * collective_time("all-gather", kv_bytes, cp, cp_nodes, cp_bw, gpu)
-                + collective_time("reduce-scatter", kv_bytes, cp, cp_nodes, cp_bw, gpu))
+        gather = collective_time("all-gather", kv_bytes, cp, cp_nodes, cp_bw, gpu)
+        scatter = collective_time("reduce-scatter", kv_bytes, cp, cp_nodes, cp_bw, gpu)
+        if sw.cp_ring_overlap:
+            # each of the cp - 1 transfers beside one ring step's attention (the last step sends nothing),
+            # which loses the SMs NCCL holds meanwhile
+            ring = (cp - 1) / cp
+            share = nccl_sm_share(gpu, cp_nodes)
+            cp_t = ((exchanges - 1) * _beside_gemm(gather, af * ring, share)
+                    + _beside_gemm(gather + scatter, ab * ring, share))
+        else:
+            cp_t = (exchanges - 1) * gather + scatter
     return LayerTime(fwd, bwd, tp_t, cp_t)
 
 

@@ -135,6 +135,13 @@ class Software:
     # time, which loses the SMs NCCL holds meanwhile (links.sm_contention). Forward collectives and the row-parallel backward all-gather
     # (mappings.py, synchronous) stay exposed. False: every TP collective exposed.
     tp_bwd_overlap: bool = True
+    # Context parallelism as a ring: each CP step sends the K/V chunk the next step needs (and in backward its
+    # dK/dV) while the current chunk's attention runs, so only what outlasts that attention is exposed
+    # (Transformer Engine's AttnFuncWithCP, "overlap current-step compute with next-step communication",
+    # v1.4 on; megatron-core's default cp_comm_type "p2p"). False: K and V all-gathered before the
+    # attention and dK/dV reduce-scattered after it, exposed (Llama 3 §3.3.2; hybridpar's runtime,
+    # hybridpar/runtime/attention.py).
+    cp_ring_overlap: bool = False
     # Pipeline messages are split over the TP ranks and all-gathered on the receiver (Megatron-LM
     # 2021 --scatter-gather-tensors-in-pipeline, Narayanan et al. 2021 §4.1). megatron-core's
     # p2p_communication.py has no such option: without sequence parallelism every TP rank sends
@@ -309,7 +316,7 @@ HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1,
 MEGATRON_CORE = replace(HYBRIDPAR, name="megatron-core", label="megatron-core", zero2_reduce_once=False, dp_inside_pp=True,
                         zero_stages=(0, 1, 2, 3), grad_accum_bytes_per_param=0, optimizer_temp_bytes_per_param=0,
                         rope_fusion=True, swiglu_fusion=True, rope_copies_kept=False, optimizer_step_bytes_counted=None,
-                        fp8=TRANSFORMER_ENGINE)
+                        fp8=TRANSFORMER_ENGINE, cp_ring_overlap=True)
 # NeMo 1 (the NeMo-Framework-Launcher YAML recipes of NVIDIA's dgxc-benchmarking 24.09-24.11: the
 # llama3.1_8b/70b/405b.yaml and nemotron4-15b/340b-synth.yaml files of its v24.11.1 tag [V]):
 # megatron-core layers under apex's DistributedFusedAdam ("optim: name: distributed_fused_adam",

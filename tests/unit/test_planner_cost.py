@@ -356,6 +356,39 @@ def test_context_parallel_attention_amortises_over_one_ring_steps_keys():
     assert attention_shape_factor(seq // cp, m.head_dim) < attention_shape_factor(seq, m.head_dim)
 
 
+def test_a_cp_ring_hides_its_exchange_behind_the_attention():
+    """Transformer Engine's ring (megatron-core's profile) sends the next K/V chunk while the current one's
+    attention runs: at 128K the exchange hides but for the SMs NCCL holds; at 2K across nodes it outlasts the
+    attention. The all-gather of Llama 3 and hybridpar's runtime exposes it all: K/V gathered in forward and
+    kept, dK/dV reduce-scattered in backward."""
+    from hybridpar.topology.cases import _profile
+    from hybridpar.topology.cost import layer_time
+    from hybridpar.topology.links import collective_time, nccl_sm_share
+    from hybridpar.topology.software import MEGATRON_CORE
+
+    m, gpu = PRESETS["llama3-8b"], get_gpu("h100-80gb")
+    gathered = replace(MEGATRON_CORE, cp_ring_overlap=False)
+    assert MEGATRON_CORE.cp_ring_overlap and not HYBRIDPAR.cp_ring_overlap
+    for seq, tp, cp in ((131072, 1, 8), (2048, 8, 8)):
+        kv_bytes = seq * 2 * m.kv_heads * m.head_dim / tp * 2
+        nodes = tp * cp // 8
+        bw = gpu.nvlink_gbps if nodes == 1 else gpu.network_gbps
+        gather = collective_time("all-gather", kv_bytes, cp, nodes, bw, gpu)
+        scatter = collective_time("reduce-scatter", kv_bytes, cp, nodes, bw, gpu)
+        exposed = layer_time(m, gpu, "bf16", seq, 1, tp, cp, True, "none", gathered, 8).cp
+        ring = layer_time(m, gpu, "bf16", seq, 1, tp, cp, True, "none", MEGATRON_CORE, 8).cp
+        assert exposed == pytest.approx(gather + scatter, rel=1e-9)
+        comm = 2 * gather + scatter  # the ring passes K/V round again in backward, beside dK/dV
+        share = nccl_sm_share(gpu, nodes)
+        if seq == 131072:
+            assert ring == pytest.approx(share * comm, rel=1e-9)
+        else:
+            assert share * comm < ring < comm
+    llama3 = {"id": "llama3-405b-t4-3"}
+    nemo = {"id": "nemo-long", "software": "megatron-core-bf16-grads"}
+    assert not _profile(llama3).cp_ring_overlap and _profile(nemo).cp_ring_overlap
+
+
 def test_megatron_lm_2022_is_2021_with_sequence_parallelism_and_selective_recomputation():
     """Korthikanti et al. 2022's stack: GPT-3 175B at TP8 PP8 with SP and selective recomputation is
     faster than Megatron-LM 2021's full recomputation of the same layout, and ZeRO-2 is not part of it."""

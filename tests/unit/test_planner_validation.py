@@ -80,6 +80,12 @@ _TORCHTITAN = ("predicted high by 15-18%: torchtitan's FSDP2 on 64 A100s (April 
                "high (+10 to +15%); docs/planner.md, what is missing")
 KNOWN_MISSES.update({run_id: _TORCHTITAN for run_id in (
     "torchtitan-l3-8b-opac", "torchtitan-l2-13b-opac", "torchtitan-l2-13b-noac")})
+_NEMO2403_LONG = ("predicted high by 19-25%: Llama 2 7B in FP8 on NeMo 24.03 at 32K to 1M tokens with context "
+                  "parallelism (H100), where the same table's 4K-16K rows lean +10 to +12% and NeMo 24.09's 8K rows +1 "
+                  "to +3%: the attention, 56% of the FLOPs at 32K and over 90% from 256K, runs below the planner's rate "
+                  "in that release's ring (Transformer Engine 1.4-1.5 and its cuDNN), whose kernels no stored table "
+                  "measures; docs/planner.md, what is missing")
+KNOWN_MISSES.update({f"nemo2403-llama2-7b-{k}-fp8": _NEMO2403_LONG for k in ("32k", "64k", "128k", "256k", "512k", "1m")})
 # Memory verdicts that do not match what happened, with what the memory model lacks for them.
 KNOWN_WRONG_MEMORY: dict[str, str] = {
     "bloom-sweep0228-206b-nh128-tp4-pp12-dp8-mb2": (
@@ -101,14 +107,20 @@ def test_runs_have_sources_and_none_is_a_public_case():
         assert not {r["id"] for r in RUNS} & {c["id"] for c in load_cases()}
 
 
+# NeMo's long-sequence tables publish the layouts, not the recipes: userbuffers are not assumed there.
+LONG_SEQUENCE_TABLES = ("nemo2403-llama2-7b-", "nemo2504-llama3-8b-b200-")
+
+
 def test_userbuffers_only_where_a_run_could_have_them():
     """tp_comm_overlap marks runs whose recipe set up Transformer Engine's userbuffers: every NeMo run with TP > 1
-    and Megatron-Core 0.8's table; each has TP > 1 inside a node and a stack with sequence parallelism and TE."""
+    whose recipe is published and Megatron-Core 0.8's table; each has TP > 1 inside a node and a stack with
+    sequence parallelism and TE."""
     from hybridpar.topology.software import PROFILES
 
     marked = [r for r in RUNS if r.get("tp_comm_overlap")]
     assert {r["id"] for r in marked} == {r["id"] for r in RUNS
-                                         if (r["id"].startswith("nemo") or r["id"].startswith("mcore08")) and r["tp"] > 1}
+                                         if (r["id"].startswith("nemo") or r["id"].startswith("mcore08")) and r["tp"] > 1
+                                         and not r["id"].startswith(LONG_SEQUENCE_TABLES)}
     for r in marked:
         profile = PROFILES[r["software"]]
         assert 1 < r["tp"] <= 8 and profile.sequence_parallel and profile.flash_attention, r["id"]
@@ -162,9 +174,10 @@ def test_issue_goal_median_error_within_10_percent():
     assert validation.summary().median_abs_error <= 0.10
 
 
-@pytest.mark.xfail(strict=True, reason="bias +5.1% over 170 runs: the FSDP rows (MosaicML, costed with the "
-                                       "pytorch-fsdp profiles) lean +9%, torchtitan's FSDP2 rows on A100 +14% and "
+@pytest.mark.xfail(strict=True, reason="bias +5.9% over 187 runs: the FSDP rows (MosaicML, costed with the "
+                                       "pytorch-fsdp profiles) lean +9%, torchtitan's FSDP2 rows on A100 +14%, "
                                        "the DeepSpeed pipeline engine's A100 runs +8.5% (BigScience) to +29% (MT-NLG) "
+                                       "and NeMo 24.03's long-sequence H100 rows +10 to +25% "
                                        "(docs/planner.md, what is missing)")
 def test_issue_goal_bias_within_5_percent():
     assert abs(validation.summary().signed_bias) <= 0.05
@@ -261,10 +274,11 @@ def test_ranges_hold_the_prediction(mfu, step):
 def test_outside_the_validated_region_says_which_axis():
     inside = validation.outside_validated_region(405e9, "h100-80gb", 2048, 8192)
     assert inside is None
-    note = validation.outside_validated_region(405e9, "b200-180gb", 2048, 8192)
-    assert note.startswith("outside the validated region") and "b200-180gb" in note and "model size" not in note
+    note = validation.outside_validated_region(405e9, "h200-141gb", 2048, 8192)
+    assert note.startswith("outside the validated region") and "h200-141gb" in note and "model size" not in note
     assert "model size" in validation.outside_validated_region(5e12, "h100-80gb", 2048, 8192)
-    assert "sequence length" in validation.outside_validated_region(405e9, "h100-80gb", 2048, 1_048_576)
+    assert validation.outside_validated_region(8e9, "b200-180gb", 1024, 1_048_576) is None
+    assert "sequence length" in validation.outside_validated_region(405e9, "h100-80gb", 2048, 4_194_304)
     assert "hidden/TP" in validation.outside_validated_region(405e9, "h100-80gb", 64, 8192)
     assert validation.outside_validated_region(405e9, "h100-80gb (mine)", 2048, 8192) is None
 
