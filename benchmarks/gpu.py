@@ -30,7 +30,7 @@ from hybridpar.benchmarks._kernel_profile import profile_steps
 from hybridpar.benchmarks.results_io import write_result
 
 MODEL = ModelSpec(layers=20, hidden=2048, ffn_hidden=5632, heads=16, kv_heads=8, vocab=32000, name="llama-1b")
-# The planner's profile of hybridpar's runtime (topology/software.py HYBRIDPAR: torch SDPA
+# The planner's profile of hybridpar's runtime (topology/software/profile.py HYBRIDPAR: torch SDPA
 # attention, FlashAttention on CUDA; no gradient-accumulation fusion: each micro-batch's bf16
 # weight gradients are added into fp32 ones in place), and megatron-core's, whose GEMMs accumulate
 # into fp32.

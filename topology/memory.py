@@ -28,7 +28,7 @@ output and logsumexp and every other matmul's output (Q, V, gate, down: 2h + 2kv
 block's full set while it is recomputed.
 What a rotary (Llama) layer of megatron-core keeps besides, measured on hybridpar's layer
 (hybridpar/observe/activation_audit.py; tests/integration/test_activation_audit.py): FlashAttention's fp32 logsumexp
-(4a), and, where software.py says the stack does so, the rotated Q and K (2h + 2kv: RoPE is out of
+(4a), and, where software/profile.py says the stack does so, the rotated Q and K (2h + 2kv: RoPE is out of
 place while V, a view of the fused QKV output, keeps that output whole; rope_copies_kept), the
 cos/sin tables of unfused RoPE (8 head_dim, not split by TP; rope_fusion) and two more F-sized
 tensors of unfused SwiGLU (10F in all; swiglu_fusion). RMSNorm's fp32 rstd (8 bytes per token) is

@@ -48,7 +48,7 @@ class CaseCheck:
     sweep: str | None
     stack: str  # the software family that ran it (cases.case_stack)
     precision: str = "bf16"  # what its layers computed in: bf16, fp16 or fp8
-    software: str = ""  # the software profile it was costed with (topology/software.py PROFILES)
+    software: str = ""  # the software profile it was costed with (topology/software PROFILES)
 
     @property
     def gpu_software(self) -> tuple[str, str]:

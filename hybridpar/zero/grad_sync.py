@@ -35,7 +35,7 @@ from itertools import accumulate
 import torch
 import torch.distributed as dist
 
-# The bucket the planner assumes (topology/software.py): megatron-core's default, 40M elements.
+# The bucket the planner assumes (topology/software/profile.py): megatron-core's default, 40M elements.
 from hybridpar.topology.software import GRAD_BUCKET_NUMEL as DEFAULT_BUCKET_NUMEL
 
 

@@ -1,4 +1,4 @@
-"""The planner's kernels per layer (topology/software.py kernels_per_layer, which kernels.kernel_bound
+"""The planner's kernels per layer (topology/software/profile.py kernels_per_layer, which kernels.kernel_bound
 charges) are the operations megatron-core's layer as hybridpar builds it runs, counted on CPU
 (hybridpar/observe/kernel_count.py): exactly, at two hidden sizes and two sequence lengths (the
 count is the code's, not the shape's). With TP the layer adds its collectives, one call each."""

@@ -1,4 +1,4 @@
-"""The planner's optimizer-step bytes for hybridpar's runtime (topology/software.py HYBRIDPAR
+"""The planner's optimizer-step bytes for hybridpar's runtime (topology/software/profile.py HYBRIDPAR
 optimizer_step_bytes_counted, which cost.optimizer_step_bytes charges at HBM bandwidth) are what
 ``StageEngine.step()`` moves, counted on CPU over every aten operation (hybridpar/observe/step_bytes.py):
 ZeRO-0, 1 and 2 on one DP rank and over several, as rank 0 of a fake world. Per parameter of the shard,

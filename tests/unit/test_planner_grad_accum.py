@@ -1,4 +1,4 @@
-"""Gradient accumulation outside the GEMMs (topology/software.py grad_accum_bytes_per_param and
+"""Gradient accumulation outside the GEMMs (topology/software/profile.py grad_accum_bytes_per_param and
 grad_accum_hbm_efficiency, charged in cost.step_cost): the rate of the one add across dtypes is the one
 measured on an H200, and each stack's rate goes with its mechanism."""
 import json

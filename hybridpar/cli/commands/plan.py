@@ -28,7 +28,7 @@ DEFAULT_TOKENS = 16 * 1024 * 1024  # Llama 3's 16M-token batch (Table 4)
 # What runs the plan: hybridpar's own runtime (default); megatron-core's stack (distributed
 # optimizer with the DP reduction overlapped, classic ZeRO-2, fp32 gradient reduction); or, to
 # evaluate an older published layout, Megatron-LM 2021 (local or torch DDP) or DeepSpeed's
-# pipeline engine (topology/software.py says what each does).
+# pipeline engine (topology/software/ says what each does).
 SOFTWARE = PROFILES
 PINS = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "micro_batch": "micro_batch", "vpp": "vpp",
         "zero": "zero_stage", "recompute": "recompute"}
