@@ -8,7 +8,6 @@ from dataclasses import replace
 
 import pytest
 
-from hybridpar.cli.main import main
 
 from hybridpar.topology.cost import _fp8_gather_share, layer_time, step_cost
 from hybridpar.topology.fp8 import layer_cast_bytes, layer_cast_kernels
@@ -17,6 +16,7 @@ from hybridpar.topology.kernels import gemm_time
 from hybridpar.topology.models import PRESETS
 from hybridpar.topology.plan import Plan
 from hybridpar.topology.software import HYBRIDPAR, MEGATRON_CORE, MEGATRON_CORE_BF16_GRADS, PROFILES
+from plan_cli import run
 
 H100 = get_gpu("h100-80gb")
 L8B = PRESETS["llama3-8b"]
@@ -151,12 +151,6 @@ def test_fp8_weights_cached_beside_16_bit_ones_unless_the_weights_are_fp8():
     fp8_weights = stage_memory(plan, stage, replace(MEGATRON_CORE, fp8_params=True)).params
     assert cached - bf16 == pytest.approx(2 * stage.layers * layer_params_per_rank(plan))
     assert fp8_weights == pytest.approx(bf16)
-
-
-def run(argv, capsys):
-    code = main(["plan", *argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_fp8_plans_say_what_their_mfu_is_over(capsys):

@@ -6,12 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from hybridpar.cli.main import main
 from hybridpar.topology.hardware import get_gpu, gpu_from_dict
 from hybridpar.topology.models import PRESETS
 from hybridpar.topology.plan import Plan, PlanError
 from hybridpar.topology.redundancy import KEEP, replica_redundancy, tolerance_problems
 from hybridpar.topology.search import Request, evaluate, search
+from plan_cli import run
 
 H100 = get_gpu("h100-80gb")
 EFF = 0.8  # links.LINK_EFFICIENCY, written out so that a change to it shows here
@@ -143,12 +143,6 @@ def test_step_time_is_the_step_without_plus_the_added_seconds():
 
 PINNED = ["--model", "llama3-8b", "--gpus", "16", "--tp", "2", "--pp", "2", "--cp", "1", "--dp", "4",
           "--micro-batch", "1", "--vpp", "1", "--zero", "1", "--recompute", "none", "--global-batch", "48"]
-
-
-def run(argv, capsys):
-    code = main(["plan", *argv])
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_cli_flag_json_and_text(capsys):

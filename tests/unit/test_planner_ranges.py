@@ -1,0 +1,78 @@
+"""`hybridpar plan`'s honest figures (issue 15 §4-5): every plan's ranges and validated region, and
+`--validate` as the docs carry it."""
+import json
+import re
+
+import pytest
+
+from plan_cli import REPO, run
+
+
+def test_every_plan_carries_ranges_and_its_validated_region(capsys):
+    """Issue 15 §4: MFU and step time with the validation spread around them (lo <= value <= hi),
+    in the JSON and in the table; a plan on hardware no published run used says so in one line."""
+    argv = ["--model", "llama3-405b", "--gpus", "16384", "--top", "2"]
+    plans = json.loads(run([*argv, "--json"], capsys)[1])["plans"]
+    for p in plans:
+        lo, hi = p["mfu_range"]
+        slo, shi = p["step_time_s_range"]
+        assert lo <= p["mfu"] <= hi and lo < hi and slo <= p["step_time_s"] <= shi and slo < shi
+        assert p["validated_region"] is None
+    table = run(argv, capsys)[1]
+    first = plans[0]
+    assert f"{first['mfu']:.0%} ({first['mfu_range'][0] * 100:.0f}-{first['mfu_range'][1]:.0%})" in table
+    assert "10th-90th percentile of reported/predicted" in table and "outside the validated region" not in table
+    # Each step time and its ends in three significant figures, trailing zeros kept: 0.448 (0.408-0.500).
+    small = run(["--model", "llama3-8b", "--gpus", "8", "--global-batch", "3", "--top", "5"], capsys)[1]
+    steps = re.findall(r"(\d+\.?\d*) \((\d+\.?\d*)-(\d+\.?\d*)\)", small)
+    assert steps and all(len(x.replace(".", "").lstrip("0")) == 3 for row in steps for x in row), steps
+    h200 = run(["--model", "llama3-405b", "--gpus", "16384", "--gpu", "h200", "--top", "1"], capsys)[1]
+    notes = [line for line in h200.splitlines() if line.startswith("outside the validated region")]
+    assert len(notes) == 1 and "h200-141gb" in notes[0]
+
+
+def test_a_plans_range_is_its_gpus_own_spread(capsys):
+    """A100 and H100 runs lean differently; a plan takes the spread of its own GPU's runs, a GPU
+    with too few (B200) the spread of all, and a software profile with enough runs on the GPU theirs."""
+    from hybridpar.topology import validation
+    argv = ["--model", "llama3-70b", "--gpus", "512", "--top", "1", "--json"]
+    for gpu in ("a100-80gb", "h100-80gb", "b200-180gb"):
+        (p,) = json.loads(run([*argv, "--gpu", gpu], capsys)[1])["plans"]
+        lo, hi = validation.ratio_range(gpu)
+        assert p["mfu_range"] == pytest.approx([p["mfu"] * min(lo, 1.0), p["mfu"] * max(hi, 1.0)], abs=2e-4)
+    assert validation.ratio_range("a100-80gb") != validation.ratio_range("h100-80gb")
+    # a stack with enough runs of its own on that GPU: their spread, and the table says whose
+    ds = ["--gpu", "a100-80gb", "--software", "deepspeed-pipe-zero1"]
+    (p,) = json.loads(run([*argv, *ds], capsys)[1])["plans"]
+    lo, hi = validation.ratio_range("a100-80gb", "deepspeed-pipe-zero1")
+    assert p["mfu_range"] == pytest.approx([p["mfu"] * min(lo, 1.0), p["mfu"] * max(hi, 1.0)], abs=2e-4)
+    assert "costed with deepspeed-pipe-zero1" in run([*argv[:-1], *ds], capsys)[1]
+
+
+def test_validate_prints_every_published_run_and_the_summary(capsys):
+    from hybridpar.topology.validation import checks, summary
+
+    code, out, _ = run(["--validate"], capsys)
+    assert code == 0
+    for r in checks():
+        assert r.id in out
+    s = summary()
+    assert f"median |error| {s.median_abs_error:.1%}, signed bias (median error) {s.signed_bias:+.1%}" in out
+    assert "OOM predicted" in out and "Spearman" in out
+    data = json.loads(run(["--validate", "--json"], capsys)[1])
+    assert len(data["runs"]) == len(checks()) and data["signed_bias"] == round(s.signed_bias, 4)
+    for gpu, (n, _, bias) in s.by_gpu.items():
+        assert f"{gpu} {n} runs" in out and data["by_gpu"][gpu] == {
+            "timed": n, "median_abs_error": round(s.by_gpu[gpu][1], 4), "signed_bias": round(bias, 4)}
+    assert set(data["reported_over_predicted_range_by_gpu"]) == set(s.gpu_ranges) and s.gpu_ranges
+    assert set(data["reported_over_predicted_range_by_gpu_and_software"]) == {f"{g}/{sw}" for g, sw in s.profile_ranges}
+    fp8 = [r for r in checks() if r.precision == "fp8" and r.error is not None]
+    assert fp8 and data["by_precision"]["fp8"]["timed"] == len(fp8) == s.by_precision["fp8"][0]
+    assert f"by precision: bf16 {s.by_precision['bf16'][0]} runs" in out
+
+
+def test_the_docs_carry_the_current_validation_table(capsys):
+    """docs/planner.md shows `hybridpar plan --validate` as it prints today."""
+    doc = (REPO / "docs" / "planner.md").read_text()
+    out = run(["--validate"], capsys)[1]
+    assert out.strip() in doc, "re-run `hybridpar plan --validate` and paste its output into docs/planner.md"
