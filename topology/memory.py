@@ -36,7 +36,8 @@ left out. torchtitan's eager layer (software.TORCHTITAN_2024), measured tensor b
 (tests/unit/test_planner_torchtitan_activations.py): K and V repeated to every query head (2h each),
 silu's input and output, the other projection and the product (8F), and with its PyTorch RMSNorm each norm's
 fp32 copy of its input and the bf16 cast before the weight instead of the input (4h more per norm); its
-complex RoPE keeps only the shared frequency table.
+complex RoPE keeps only the shared frequency table. hybridpar's context parallelism all-gathers K and V and keeps
+them for the whole sequence (Software.cp_gathered_kv_kept); a ring (Transformer Engine's) keeps the local ones.
 """
 from __future__ import annotations
 
@@ -169,6 +170,12 @@ def layer_activation_bytes(plan: Plan, sw: Software, full_layer: bool = False) -
             split += 4 * m.heads
     elif plan.recompute == "none" or full_layer:
         split += (5 if sw.dropout else 4) * m.heads * plan.seq_len
+    if plan.cp > 1 and sw.cp_gathered_kv_kept and (plan.recompute == "none" or full_layer):
+        # K and V all-gathered over CP are kept for the whole sequence, cp times the local 4kv. In hybridpar's
+        # layer the local rotated K and the QKV output (kept whole at CP 1 by V's view) are freed and the two
+        # chunks' attention output is concatenated and copied for the projection: 2kv less (measured,
+        # tests/integration/test_activation_audit.py at CP 2 and 4). Selective recomputation reruns the gather.
+        split += 4 * kv * (plan.cp - 1) - (2 * kv if sw.rope_copies_kept else 0)
     per_token = (replicated + split) / t if sp else replicated + split / t
     if sw.rotary and not sw.rope_fusion and sw.rope_style == "rotate-half":  # cos and sin for Q and for K, per position
         per_token += 4 * 2 * m.head_dim

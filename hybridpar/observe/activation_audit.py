@@ -6,15 +6,17 @@ model with a small vocabulary (neither changes a layer). A forward pass runs und
 ``torch.autograd.graph.saved_tensors_hooks``; every tensor autograd saves is recorded once per
 storage (a view keeps its whole storage alive), parameters excluded. The layer measured is the
 second: tensors every layer shares (RoPE's frequency table, computed once per forward) are first
-saved by the first layer and so not counted again. TP > 1 runs as TP rank 0 of a fake world
-(memory_audit.fake_world): collectives move nothing, shapes are exact.
+saved by the first layer and so not counted again. TP > 1 and CP > 1 run as rank 0 of a fake world
+(memory_audit.fake_world): collectives move nothing, shapes are exact; with CP the layer sees this rank's
+seq_len / cp tokens and all-gathers K and V of the whole sequence.
 
 CPU runs in fp32; a bf16 run on a GPU keeps the same tensors at 2 bytes per element, except the
 fp32 statistics (RMSNorm's rstd, SDPA's logsumexp: 4 bytes). One tensor is CPU's alone: torch's
 CPU rms_norm is a composition (rms_norm_composite, aten layer_norm.cpp) whose ``x * rstd`` is kept
 by the multiplication with the weight; CUDA runs ``_fused_rms_norm``, whose backward keeps only
-input, weight and rstd (derivatives.yaml). Such tensors are reported apart and left out of
-``gpu_bytes``.
+input, weight and rstd (derivatives.yaml). The CP path's causal diagonal (a lower-right CausalBias) is
+materialised as a mask on CPU and kept for backward; on CUDA SDPA's FlashAttention and memory-efficient
+kernels take it as a mask type, nothing kept. Such tensors are reported apart and left out of ``gpu_bytes``.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from dataclasses import dataclass, replace
 import torch
 
 FP32_ON_GPU = ("_saved_logsumexp", "RsqrtBackward0._saved_result")  # stay fp32 in bf16 runs
+CPU_ONLY_SAVED = ("_saved_attn_mask",)  # the CP path's CausalBias, materialised only off CUDA
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,7 @@ class SavedTensor:
     numel: int  # elements of its whole storage
     cpu_bytes: int
     saved_by: tuple  # autograd nodes and attributes that keep it ("" for custom Functions)
-    cpu_only: bool  # kept only by CPU's composite rms_norm
+    cpu_only: bool  # kept only on CPU (its composite rms_norm, the CP path's materialised mask)
     gpu_element_bytes: int  # in a bf16 run: 2, or 4 for the fp32 statistics; integers keep theirs
 
     @property
@@ -41,11 +44,12 @@ class SavedTensor:
 
 @dataclass(frozen=True)
 class LayerActivations:
-    seq_len: int
+    seq_len: int  # the layer's tokens (with CP, this rank's seq_len / cp)
     micro_batch: int
     tp: int
     recompute: str
     tensors: tuple
+    cp: int = 1
 
     @property
     def gpu_bytes(self) -> int:
@@ -84,8 +88,8 @@ def _saved_by(root, norm_weights: set) -> tuple[dict, set]:
     return names, cpu_only
 
 
-def measure(spec, tp: int, seq_len: int, recompute: str, micro_batch: int = 1) -> LayerActivations:
-    """One layer's saved tensors for one micro-batch (fp32 on CPU, TP rank 0 of ``tp``)."""
+def measure(spec, tp: int, seq_len: int, recompute: str, micro_batch: int = 1, cp: int = 1) -> LayerActivations:
+    """One layer's saved tensors for one micro-batch of ``seq_len`` tokens (fp32 on CPU, rank 0 of TP x CP)."""
     from hybridpar.topology.layout import RankLayout
 
     from hybridpar.observe.memory_audit import fake_world
@@ -93,8 +97,8 @@ def measure(spec, tp: int, seq_len: int, recompute: str, micro_batch: int = 1) -
     from hybridpar.runtime.model import ModelOptions, build_model
 
     small = replace(spec, layers=2, vocab=64 * tp)
-    layout = RankLayout(tp=tp, cp=1, pp=1, dp=1)
-    with fake_world(tp, 0):
+    layout = RankLayout(tp=tp, cp=cp, pp=1, dp=1)
+    with fake_world(tp * cp, 0):
         mesh = Mesh.build(layout)
         try:
             opts = ModelOptions(seq_len=seq_len, sequence_parallel=tp > 1, recompute=recompute)
@@ -105,7 +109,7 @@ def measure(spec, tp: int, seq_len: int, recompute: str, micro_batch: int = 1) -
                 for p in model.parameters():
                     p.fill_(0.02)
             model.train()
-            return _record(model, tp, seq_len, recompute, micro_batch)
+            return replace(_record(model, tp, seq_len // cp, recompute, micro_batch), cp=cp)
         finally:
             mesh.destroy()
 
@@ -167,5 +171,6 @@ def _record(model, tp, seq_len, recompute, micro_batch) -> LayerActivations:
         size = t.element_size()
         if t.is_floating_point():
             size = 4 if any(tag in name for name in by for tag in FP32_ON_GPU) else 2
-        tensors.append(SavedTensor(tuple(t.shape), numel, storage.nbytes(), by, ptr in cpu_only, size))
+        kept_on_cpu_only = ptr in cpu_only or any(name.endswith(CPU_ONLY_SAVED) for name in by)
+        tensors.append(SavedTensor(tuple(t.shape), numel, storage.nbytes(), by, kept_on_cpu_only, size))
     return LayerActivations(seq_len, micro_batch, tp, recompute, tuple(tensors))

@@ -9,8 +9,10 @@ masking and grouped-query heads built in, and is differentiable, so it drops int
 ``SelfAttention`` as its ``core_attention`` submodule with the same inputs and output.
 
 Context parallelism (cp > 1), which megatron's DotProductAttention refuses, is implemented here:
-K/V all-gathered over the CP group, each rank's two load-balanced chunks attending causally
-(``_context_parallel``); tests/integration/test_runtime.py checks CP layouts against one process.
+K/V all-gathered over the CP group, each rank's two load-balanced chunks attending causally with the
+diagonal at the chunk's offset, given as a lower-right CausalBias rather than a mask tensor
+(``_context_parallel``); tests/integration/test_runtime.py checks CP layouts against one process,
+tests/unit/test_cp_attention.py the chunks' rows against whole-sequence attention.
 
 Same math as ``DotProductAttention`` for what hybridpar builds: causal mask, no dropout, softmax
 scale ``1/sqrt(head_dim)``, no attention bias, no sliding window, vanilla softmax; anything else is
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
 
 
 def _base():
@@ -98,11 +101,12 @@ def _make_class(base, cp_group):
             for local, c in enumerate((rank, 2 * cp - 1 - rank)):
                 q_c = q[:, :, local * chunk:(local + 1) * chunk]
                 keys = (c + 1) * chunk
-                q_pos = c * chunk + torch.arange(chunk, device=q.device)
-                allowed = torch.arange(keys, device=q.device).unsqueeze(0) <= q_pos.unsqueeze(1)
+                # Query i of chunk c sits at position c * chunk + i: it sees keys 0 .. c * chunk + i, the causal
+                # diagonal aligned to the lower right. As a CausalBias no mask tensor exists: on CUDA SDPA runs
+                # FlashAttention (or memory-efficient attention with that mask type); elsewhere it is materialised.
                 outputs.append(F.scaled_dot_product_attention(
-                    q_c, k_all[:, :, :keys], v_all[:, :, :keys], attn_mask=allowed, scale=self.softmax_scale,
-                    enable_gqa=self.gqa_group > 1))
+                    q_c, k_all[:, :, :keys], v_all[:, :, :keys], attn_mask=causal_lower_right(chunk, keys),
+                    scale=self.softmax_scale, enable_gqa=self.gqa_group > 1))
             return torch.cat(outputs, dim=2)
 
     return SDPACoreAttention

@@ -49,11 +49,19 @@ def test_korthikanti_sp_selective_and_full():
     assert layer_activation_bytes(sp, flash) == pytest.approx(34 * s * m.hidden / t + 4 * m.heads * s / t)
 
 
-def test_cp_splits_activations():
+def test_cp_splits_activations_and_an_all_gather_keeps_the_whole_sequences_k_and_v():
+    """A ring (megatron-core's CP through Transformer Engine) keeps each rank's own tokens: a quarter at CP 4.
+    hybridpar's all-gather keeps K and V of all 8,192 tokens, (4 cp - 6) kv / tp bytes more per local token
+    (measured: tests/integration/test_activation_audit.py)."""
+    from hybridpar.topology.software import MEGATRON_CORE
+
     m = PRESETS["llama3-70b"]
-    one = layer_activation_bytes(Plan(m, 8192, 64, tp=8, sequence_parallel=True), HYBRIDPAR)
-    four = layer_activation_bytes(Plan(m, 8192, 64, tp=8, cp=4, sequence_parallel=True), HYBRIDPAR)
-    assert four == pytest.approx(one / 4)
+    kv = m.kv_heads * m.head_dim
+    for sw in (MEGATRON_CORE, HYBRIDPAR):
+        one = layer_activation_bytes(Plan(m, 8192, 64, tp=8, sequence_parallel=True), sw)
+        four = layer_activation_bytes(Plan(m, 8192, 64, tp=8, cp=4, sequence_parallel=True), sw)
+        gathered = 2048 * (4 * 4 - 6) * kv / 8 if sw.cp_gathered_kv_kept else 0
+        assert four == pytest.approx(one / 4 + gathered)
 
 
 def test_first_stage_holds_pp_micro_batches_and_interleaving_adds():

@@ -136,6 +136,11 @@ class Software:
     # attention and dK/dV reduce-scattered after it, exposed (Llama 3 §3.3.2; hybridpar's runtime,
     # hybridpar/runtime/attention.py).
     cp_ring_overlap: bool = False
+    # Without the ring, the gathered K and V of the whole sequence stay saved for backward (hybridpar's runtime:
+    # SDPA keeps its inputs; measured, tests/integration/test_activation_audit.py). False: only the local K/V
+    # (a ring; Llama 3 does not say what its all-gather keeps, and its CP16 run at 131,072 tokens trained, which
+    # with the whole sequence's K/V kept would need 85.7 GiB).
+    cp_gathered_kv_kept: bool = False
     # Pipeline messages are split over the TP ranks and all-gathered on the receiver (Megatron-LM
     # 2021 --scatter-gather-tensors-in-pipeline, Narayanan et al. 2021 §4.1). megatron-core's
     # p2p_communication.py has no such option: without sequence parallelism every TP rank sends
@@ -291,7 +296,7 @@ class Software:
 # Its layers run megatron-core's unfused RoPE and SwiGLU (hybridpar/runtime/model.py: apply_rope_fusion and
 # bias_activation_fusion off, plain PyTorch paths); what they keep was measured tensor by tensor
 # (hybridpar/activation_audit.py, docs/planner.md "Memory truth").
-HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1, 2),
+HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1, 2), cp_gathered_kv_kept=True,
                      grad_accum_bytes_per_param=GRAD_ADD_MIXED, optimizer_temp_bytes_per_param=8,
                      rope_fusion=False, swiglu_fusion=False, rope_copies_kept=True,
                      optimizer_step_bytes_counted=(158, 174, 142))
@@ -310,7 +315,7 @@ HYBRIDPAR = Software(zero2_reduce_once=True, fp32_grads=True, zero_stages=(0, 1,
 MEGATRON_CORE = replace(HYBRIDPAR, name="megatron-core", label="megatron-core", zero2_reduce_once=False, dp_inside_pp=True,
                         zero_stages=(0, 1, 2, 3), grad_accum_bytes_per_param=0, optimizer_temp_bytes_per_param=0,
                         rope_fusion=True, swiglu_fusion=True, rope_copies_kept=False, optimizer_step_bytes_counted=None,
-                        fp8=TRANSFORMER_ENGINE, cp_ring_overlap=True)
+                        fp8=TRANSFORMER_ENGINE, cp_ring_overlap=True, cp_gathered_kv_kept=False)
 # NeMo 1 (the NeMo-Framework-Launcher YAML recipes of NVIDIA's dgxc-benchmarking 24.09-24.11: the
 # llama3.1_8b/70b/405b.yaml and nemotron4-15b/340b-synth.yaml files of its v24.11.1 tag [V]):
 # megatron-core layers under apex's DistributedFusedAdam ("optim: name: distributed_fused_adam",
