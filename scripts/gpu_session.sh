@@ -10,7 +10,8 @@
 #  kernels     `hybridpar bench kernels`: the GPU's achievable matmul and attention fractions (a GPU file)
 #  layer_kernels `hybridpar bench layer_kernels`: every layer GEMM, attention shape, streaming op and kernel
 #              boundary the planner costs, timed, beside the planner's prediction
-#  attention   torch SDPA (FlashAttention) vs megatron's attention on the GPU, fp32 and bf16
+#  attention   torch SDPA (FlashAttention) vs megatron's attention on the GPU, fp32 and bf16; which kernels the
+#              context-parallel path's chunk attention runs (Llama 3 70B's TP4 CP2 shape), and its rate
 #  train_bf16  the main job's recipe on one GPU in bf16 (NCCL, DeepSpeed bf16 ZeRO-1): checkpoint saves
 #              through pinned host memory, the held-out loss, a CUDA profile of steps 5-6, the sample
 #              after the last step on rank 0's CPU

@@ -101,15 +101,21 @@ def _make_class(base, cp_group):
             for local, c in enumerate((rank, 2 * cp - 1 - rank)):
                 q_c = q[:, :, local * chunk:(local + 1) * chunk]
                 keys = (c + 1) * chunk
-                # Query i of chunk c sits at position c * chunk + i: it sees keys 0 .. c * chunk + i, the causal
-                # diagonal aligned to the lower right. As a CausalBias no mask tensor exists: on CUDA SDPA runs
-                # FlashAttention (or memory-efficient attention with that mask type); elsewhere it is materialised.
-                outputs.append(F.scaled_dot_product_attention(
-                    q_c, k_all[:, :, :keys], v_all[:, :, :keys], attn_mask=causal_lower_right(chunk, keys),
-                    scale=self.softmax_scale, enable_gqa=self.gqa_group > 1))
+                outputs.append(causal_chunk_attention(q_c, k_all[:, :, :keys], v_all[:, :, :keys],
+                                                      self.softmax_scale, self.gqa_group > 1))
             return torch.cat(outputs, dim=2)
 
     return SDPACoreAttention
+
+
+def causal_chunk_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale, gqa: bool) -> torch.Tensor:
+    """Causal attention of queries that are the last ``q.shape[2]`` positions of the keys' sequence: query i
+    sees keys 0 .. keys - chunk + i, the diagonal aligned to the lower right. Given as a CausalBias, no mask
+    tensor exists: on CUDA SDPA runs FlashAttention (or memory-efficient attention with that mask type);
+    elsewhere it is materialised (tests/workers/attention_worker.py reports which kernels a GPU runs)."""
+    chunk, keys = q.shape[2], k.shape[2]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(chunk, keys), scale=scale,
+                                          enable_gqa=gqa)
 
 
 def _sequence_order(gathered: torch.Tensor, cp: int) -> torch.Tensor:

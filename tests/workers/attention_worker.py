@@ -5,7 +5,10 @@ Builds the tiny GQA model (4 heads, 2 KV groups) twice from the same canonical w
 torch SDPA as core attention (hybridpar's default) and once with megatron's DotProductAttention
 (materialised scores), scales the matrices up (sharp attention), and compares logits and every
 parameter gradient of a mean cross-entropy loss, in fp32 and in bf16 (each bf16 run also against
-megatron's fp32 logits). Writes {dtype: {...}}.
+megatron's fp32 logits). Writes {dtype: {...}}, and under "cp_chunk" what the context-parallel path's chunk
+attention (hybridpar/runtime/attention.py causal_chunk_attention) runs: its kernels, forward and backward,
+its time and rate in the planner's count, and how far it is from the same attention with an explicit mask.
+On a GPU (scripts/gpu_session.sh) at Llama 3 70B's TP4 CP2 shape in bf16; here at a small one in fp32.
 """
 from __future__ import annotations
 
@@ -28,6 +31,10 @@ from results_io import run_alone  # noqa: E402
 
 
 BF16_SEEDS = (3, 4, 5, 6)  # bf16 rounding error is compared as an RMS over these weight/token draws
+# Llama 3 70B at TP4 CP2, 8,192 tokens: 16 query and 2 KV heads of 128 per GPU; the last chunk's 2,048 queries
+# against all 8,192 keys (the recipe's layout, recipes/llama3-70b.yaml).
+CP_CHUNK_GPU = {"heads": 16, "kv_heads": 2, "head_dim": 128, "chunk": 2048, "keys": 8192}
+CP_CHUNK_CPU = {"heads": 4, "kv_heads": 2, "head_dim": 16, "chunk": 32, "keys": 128}
 
 
 def run(mesh, attention: str, dtype, tokens, seq: int, seed: int = 3):
@@ -68,7 +75,59 @@ def compare_attention() -> dict:
                       "grads_nonzero": all(float(g.abs().max()) > 0 for g in grads.values()),
                       "megatron_err_vs_fp32": logit_err(("megatron", d)), "sdpa_err_vs_fp32": logit_err(("sdpa", d))}
     results["bf16"]["rms_err_vs_fp32"] = bf16_rms_errors(mesh)
+    cuda = mesh.device.type == "cuda"
+    results["cp_chunk"] = cp_chunk_kernels(mesh.device, torch.bfloat16 if cuda else torch.float32,
+                                           CP_CHUNK_GPU if cuda else CP_CHUNK_CPU)
     return results
+
+
+def cp_chunk_kernels(device, dtype, shape: dict) -> dict:
+    """The CP path's chunk attention, forward and backward: the kernels it runs (CUDA kernel names, or the
+    CPU's attention ops), seconds per call (median of 5 after a warm-up), TFLOP/s in the planner's count (the
+    causal work the chunk sees, backward 2.5x forward) and its largest difference from an explicit boolean mask."""
+    import statistics
+    import time
+
+    import torch.nn.functional as F
+    from torch.profiler import ProfilerActivity, profile
+
+    from hybridpar.runtime.attention import causal_chunk_attention
+    from hybridpar.topology.kernels import FLASH_BACKWARD_RATIO
+
+    h, kvh, d, chunk, keys = (shape[k] for k in ("heads", "kv_heads", "head_dim", "chunk", "keys"))
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    q = torch.randn(1, h, chunk, d, generator=gen, device="cpu").to(device, dtype).requires_grad_()
+    k, v = (torch.randn(1, kvh, keys, d, generator=gen, device="cpu").to(device, dtype).requires_grad_() for _ in range(2))
+    grad = torch.randn(1, h, chunk, d, generator=gen, device="cpu").to(device, dtype)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def call():
+        causal_chunk_attention(q, k, v, None, True).backward(grad)
+
+    allowed = torch.arange(keys, device=device)[None, :] <= (keys - chunk + torch.arange(chunk, device=device))[:, None]
+    with torch.no_grad():
+        diff = float((causal_chunk_attention(q, k, v, None, True)
+                      - F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, enable_gqa=True)).abs().max())
+    call()
+    sync()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        call()
+        sync()
+    on_device = [e for e in prof.key_averages() if device.type != "cuda" or e.device_type.name == "CUDA"]
+    kernels = sorted({e.key for e in on_device if device.type == "cuda" or "attention" in e.key})
+    times = []
+    for _ in range(5):
+        sync()
+        t0 = time.perf_counter()
+        call()
+        sync()
+        times.append(time.perf_counter() - t0)
+    seconds = statistics.median(times)
+    seen = chunk * (keys - chunk) + chunk * (chunk + 1) / 2  # keys each query sees, summed
+    flops = 4 * h * d * seen * (1 + FLASH_BACKWARD_RATIO)
+    return {"device": device.type, "dtype": str(dtype), "shape": shape, "kernels": kernels, "seconds": seconds,
+            "tflops": flops / seconds / 1e12, "max_diff_vs_mask": diff}
 
 
 def bf16_rms_errors(mesh) -> dict:
