@@ -326,69 +326,6 @@ def test_torch_ddp_hides_the_all_reduce_behind_the_last_backward():
     assert torch_ddp.step_time_s < local.step_time_s - 0.8 * local.dp_s
 
 
-def test_flash_attention_rate_follows_sequence_length_and_head_dimension():
-    from hybridpar.topology.kernels import attention_shape_factor
-
-    assert attention_shape_factor(8192, 128) == 1.0 == attention_shape_factor(131072, 128)
-    assert attention_shape_factor(512, 128) == pytest.approx((512 / 768) / (8192 / 8448))
-    assert attention_shape_factor(8192, 64) == pytest.approx(0.85)
-    assert attention_shape_factor(2048, 64) < attention_shape_factor(2048, 128) < 1
-
-
-def test_context_parallel_attention_amortises_over_one_ring_steps_keys():
-    """With CP each FlashAttention call sees seq / cp keys: the attention core of a layer costs its causal
-    FLOPs at the attention fraction times attention_shape_factor(seq / cp). Isolated by halving the
-    fraction, which doubles the attention core and nothing else."""
-    from dataclasses import replace
-
-    from hybridpar.topology.cost import layer_time
-    from hybridpar.topology.flops import causal_attention_flops
-    from hybridpar.topology.kernels import attention_shape_factor
-    from hybridpar.topology.software import MEGATRON_CORE
-
-    m, gpu, seq, cp = PRESETS["llama3-8b"], get_gpu("h100-80gb"), 8192, 4
-    fast, slow = (replace(MEGATRON_CORE, attention_fraction=a) for a in (0.5, 0.25))
-    core = (layer_time(m, gpu, "bf16", seq, 1, 1, cp, True, "none", slow, 8).fwd
-            - layer_time(m, gpu, "bf16", seq, 1, 1, cp, True, "none", fast, 8).fwd)
-    expected = causal_attention_flops(1, seq // cp, seq, m.heads, m.head_dim) / (
-        gpu.bf16_tflops * 1e12 * 0.5 * gpu.sustained_clock * attention_shape_factor(seq // cp, m.head_dim))
-    assert core == pytest.approx(expected, rel=1e-9)
-    assert attention_shape_factor(seq // cp, m.head_dim) < attention_shape_factor(seq, m.head_dim)
-
-
-def test_a_cp_ring_hides_its_exchange_behind_the_attention():
-    """Transformer Engine's ring (megatron-core's profile) sends the next K/V chunk while the current one's
-    attention runs: at 128K the exchange hides but for the SMs NCCL holds; at 2K across nodes it outlasts the
-    attention. The all-gather of Llama 3 and hybridpar's runtime exposes it all: K/V gathered in forward and
-    kept, dK/dV reduce-scattered in backward."""
-    from hybridpar.topology.cases import _profile
-    from hybridpar.topology.cost import layer_time
-    from hybridpar.topology.links import collective_time, nccl_sm_share
-    from hybridpar.topology.software import MEGATRON_CORE
-
-    m, gpu = PRESETS["llama3-8b"], get_gpu("h100-80gb")
-    gathered = replace(MEGATRON_CORE, cp_ring_overlap=False)
-    assert MEGATRON_CORE.cp_ring_overlap and not HYBRIDPAR.cp_ring_overlap
-    for seq, tp, cp in ((131072, 1, 8), (2048, 8, 8)):
-        kv_bytes = seq * 2 * m.kv_heads * m.head_dim / tp * 2
-        nodes = tp * cp // 8
-        bw = gpu.nvlink_gbps if nodes == 1 else gpu.network_gbps
-        gather = collective_time("all-gather", kv_bytes, cp, nodes, bw, gpu)
-        scatter = collective_time("reduce-scatter", kv_bytes, cp, nodes, bw, gpu)
-        exposed = layer_time(m, gpu, "bf16", seq, 1, tp, cp, True, "none", gathered, 8).cp
-        ring = layer_time(m, gpu, "bf16", seq, 1, tp, cp, True, "none", MEGATRON_CORE, 8).cp
-        assert exposed == pytest.approx(gather + scatter, rel=1e-9)
-        comm = 2 * gather + scatter  # the ring passes K/V round again in backward, beside dK/dV
-        share = nccl_sm_share(gpu, nodes)
-        if seq == 131072:
-            assert ring == pytest.approx(share * comm, rel=1e-9)
-        else:
-            assert share * comm < ring < comm
-    llama3 = {"id": "llama3-405b-t4-3"}
-    nemo = {"id": "nemo-long", "software": "megatron-core-bf16-grads"}
-    assert not _profile(llama3).cp_ring_overlap and _profile(nemo).cp_ring_overlap
-
-
 def test_megatron_lm_2022_is_2021_with_sequence_parallelism_and_selective_recomputation():
     """Korthikanti et al. 2022's stack: GPT-3 175B at TP8 PP8 with SP and selective recomputation is
     faster than Megatron-LM 2021's full recomputation of the same layout, and ZeRO-2 is not part of it."""
@@ -422,21 +359,6 @@ def test_kernels_cost_their_boundaries_and_their_issue():
     assert (tiny.fwd, tiny.bwd) == (pytest.approx(43 * HOST_OP_S), pytest.approx(58 * HOST_OP_S))
 
 
-# FlashAttention-3 on H100, head dimension 128, batch x sequence = 16K, TFLOP/s by sequence length:
-# pytorch/benchmark commit ff65cb67, "Fix dimension order for FlashAttention-3" (its test plan's table).
-FA3_H100 = {512: 430.32, 1024: 517.099, 2048: 565.544, 4096: 590.233, 8192: 614.234, 16384: 620.73}
-
-
-def test_attention_sequence_curve_matches_a_measured_hopper_kernel():
-    """kernels.attention_shape_factor's seq / (seq + 256) follows FlashAttention-3's measured rate on H100
-    within 2.5% at every sequence length, relative to the longest."""
-    from hybridpar.topology.kernels import ATTN_SHORT_SEQ
-
-    curve = lambda s: s / (s + ATTN_SHORT_SEQ)
-    for seq, rate in FA3_H100.items():
-        assert curve(seq) / curve(16384) == pytest.approx(rate / FA3_H100[16384], rel=0.025), seq
-
-
 def test_blocking_launches_add_every_kernels_issue_to_its_work():
     """With CUDA_LAUNCH_BLOCKING=1 (BigScience's runs on Jean Zay) the host issues a kernel only after
     the previous one finished: the issue adds to the GPU's work instead of hiding behind it, for large
@@ -454,28 +376,6 @@ def test_blocking_launches_add_every_kernels_issue_to_its_work():
     runs = load_cases(VALIDATION_PATH)
     assert {r["id"].startswith("bloom") for r in runs if case_software(r)[0].launch_blocking} == {True}
     assert any(case_software(r)[0].launch_blocking for r in runs)
-
-
-def test_triton_attention_costs_flashattention2s_work_at_its_measured_slowdown():
-    """FlashAttention in Triton (MosaicML's attn_impl: triton) does FlashAttention-2's work 1.4x slower
-    forward and 2x slower backward (Dao 2023, §4.1): a layer's forward grows by 0.4 of the attention
-    core and its backward by 1.0 of the core's backward, and nothing else moves."""
-    from dataclasses import replace
-
-    from hybridpar.topology.cost import layer_time
-    from hybridpar.topology.flops import causal_attention_flops
-    from hybridpar.topology.kernels import ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, attention_shape_factor
-    from hybridpar.topology.software import MEGATRON_CORE
-
-    assert ATTENTION_KERNEL_SLOWDOWN == {"flash2": (1.0, 1.0), "triton": (1.4, 2.0)}
-    m, gpu, seq = PRESETS["llama3-8b"], get_gpu("a100-80gb"), 4096
-    flash2, triton = (replace(MEGATRON_CORE, attention_kernel=k) for k in ("flash2", "triton"))
-    a, b = (layer_time(m, gpu, "bf16", seq, 2, 1, 1, True, "none", sw, 8) for sw in (flash2, triton))
-    core = causal_attention_flops(2, seq, seq, m.heads, m.head_dim) / (
-        gpu.bf16_tflops * 1e12 * gpu.attention_fraction * gpu.sustained_clock * attention_shape_factor(seq, m.head_dim))
-    assert b.fwd - a.fwd == pytest.approx(0.4 * core, rel=1e-9)
-    assert b.bwd - a.bwd == pytest.approx(1.0 * FLASH_BACKWARD_RATIO * core, rel=1e-9)
-    assert (b.tp, b.cp) == (a.tp, a.cp)
 
 
 def test_a_hidden_collective_costs_the_compute_the_sms_nccl_holds():

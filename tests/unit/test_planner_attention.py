@@ -1,0 +1,92 @@
+"""The attention core in the time model: FlashAttention's rate by sequence length and head dimension, the
+Triton kernel's slowdown, and context parallelism (each ring step's keys; the K/V exchange a ring hides and an
+all-gather exposes)."""
+from dataclasses import replace
+
+import pytest
+
+from hybridpar.topology.cases import _profile
+from hybridpar.topology.cost import layer_time
+from hybridpar.topology.flops import causal_attention_flops
+from hybridpar.topology.hardware import get_gpu
+from hybridpar.topology.kernels import ATTENTION_KERNEL_SLOWDOWN, ATTN_SHORT_SEQ, FLASH_BACKWARD_RATIO, attention_shape_factor
+from hybridpar.topology.links import collective_time, nccl_sm_share
+from hybridpar.topology.models import PRESETS
+from hybridpar.topology.software import HYBRIDPAR, MEGATRON_CORE
+
+# FlashAttention-3 on H100, head dimension 128, batch x sequence = 16K, TFLOP/s by sequence length:
+# pytorch/benchmark commit ff65cb67, "Fix dimension order for FlashAttention-3" (its test plan's table).
+FA3_H100 = {512: 430.32, 1024: 517.099, 2048: 565.544, 4096: 590.233, 8192: 614.234, 16384: 620.73}
+
+
+def test_flash_attention_rate_follows_sequence_length_and_head_dimension():
+
+    assert attention_shape_factor(8192, 128) == 1.0 == attention_shape_factor(131072, 128)
+    assert attention_shape_factor(512, 128) == pytest.approx((512 / 768) / (8192 / 8448))
+    assert attention_shape_factor(8192, 64) == pytest.approx(0.85)
+    assert attention_shape_factor(2048, 64) < attention_shape_factor(2048, 128) < 1
+
+
+def test_context_parallel_attention_amortises_over_one_ring_steps_keys():
+    """With CP each FlashAttention call sees seq / cp keys: the attention core of a layer costs its causal
+    FLOPs at the attention fraction times attention_shape_factor(seq / cp). Isolated by halving the
+    fraction, which doubles the attention core and nothing else."""
+    m, gpu, seq, cp = PRESETS["llama3-8b"], get_gpu("h100-80gb"), 8192, 4
+    fast, slow = (replace(MEGATRON_CORE, attention_fraction=a) for a in (0.5, 0.25))
+    core = (layer_time(m, gpu, "bf16", seq, 1, 1, cp, True, "none", slow, 8).fwd
+            - layer_time(m, gpu, "bf16", seq, 1, 1, cp, True, "none", fast, 8).fwd)
+    expected = causal_attention_flops(1, seq // cp, seq, m.heads, m.head_dim) / (
+        gpu.bf16_tflops * 1e12 * 0.5 * gpu.sustained_clock * attention_shape_factor(seq // cp, m.head_dim))
+    assert core == pytest.approx(expected, rel=1e-9)
+    assert attention_shape_factor(seq // cp, m.head_dim) < attention_shape_factor(seq, m.head_dim)
+
+
+def test_a_cp_ring_hides_its_exchange_behind_the_attention():
+    """Transformer Engine's ring (megatron-core's profile) sends the next K/V chunk while the current one's
+    attention runs: at 128K the exchange hides but for the SMs NCCL holds; at 2K across nodes it outlasts the
+    attention. The all-gather of Llama 3 and hybridpar's runtime exposes it all: K/V gathered in forward and
+    kept, dK/dV reduce-scattered in backward."""
+    m, gpu = PRESETS["llama3-8b"], get_gpu("h100-80gb")
+    gathered = replace(MEGATRON_CORE, cp_ring_overlap=False)
+    assert MEGATRON_CORE.cp_ring_overlap and not HYBRIDPAR.cp_ring_overlap
+    for seq, tp, cp in ((131072, 1, 8), (2048, 8, 8)):
+        kv_bytes = seq * 2 * m.kv_heads * m.head_dim / tp * 2
+        nodes = tp * cp // 8
+        bw = gpu.nvlink_gbps if nodes == 1 else gpu.network_gbps
+        gather = collective_time("all-gather", kv_bytes, cp, nodes, bw, gpu)
+        scatter = collective_time("reduce-scatter", kv_bytes, cp, nodes, bw, gpu)
+        exposed = layer_time(m, gpu, "bf16", seq, 1, tp, cp, True, "none", gathered, 8).cp
+        ring = layer_time(m, gpu, "bf16", seq, 1, tp, cp, True, "none", MEGATRON_CORE, 8).cp
+        assert exposed == pytest.approx(gather + scatter, rel=1e-9)
+        comm = 2 * gather + scatter  # the ring passes K/V round again in backward, beside dK/dV
+        share = nccl_sm_share(gpu, nodes)
+        if seq == 131072:
+            assert ring == pytest.approx(share * comm, rel=1e-9)
+        else:
+            assert share * comm < ring < comm
+    llama3 = {"id": "llama3-405b-t4-3"}
+    nemo = {"id": "nemo-long", "software": "megatron-core-bf16-grads"}
+    assert not _profile(llama3).cp_ring_overlap and _profile(nemo).cp_ring_overlap
+
+
+def test_attention_sequence_curve_matches_a_measured_hopper_kernel():
+    """kernels.attention_shape_factor's seq / (seq + 256) follows FlashAttention-3's measured rate on H100
+    within 2.5% at every sequence length, relative to the longest."""
+    curve = lambda s: s / (s + ATTN_SHORT_SEQ)
+    for seq, rate in FA3_H100.items():
+        assert curve(seq) / curve(16384) == pytest.approx(rate / FA3_H100[16384], rel=0.025), seq
+
+
+def test_triton_attention_costs_flashattention2s_work_at_its_measured_slowdown():
+    """FlashAttention in Triton (MosaicML's attn_impl: triton) does FlashAttention-2's work 1.4x slower
+    forward and 2x slower backward (Dao 2023, §4.1): a layer's forward grows by 0.4 of the attention
+    core and its backward by 1.0 of the core's backward, and nothing else moves."""
+    assert ATTENTION_KERNEL_SLOWDOWN == {"flash2": (1.0, 1.0), "triton": (1.4, 2.0)}
+    m, gpu, seq = PRESETS["llama3-8b"], get_gpu("a100-80gb"), 4096
+    flash2, triton = (replace(MEGATRON_CORE, attention_kernel=k) for k in ("flash2", "triton"))
+    a, b = (layer_time(m, gpu, "bf16", seq, 2, 1, 1, True, "none", sw, 8) for sw in (flash2, triton))
+    core = causal_attention_flops(2, seq, seq, m.heads, m.head_dim) / (
+        gpu.bf16_tflops * 1e12 * gpu.attention_fraction * gpu.sustained_clock * attention_shape_factor(seq, m.head_dim))
+    assert b.fwd - a.fwd == pytest.approx(0.4 * core, rel=1e-9)
+    assert b.bwd - a.bwd == pytest.approx(1.0 * FLASH_BACKWARD_RATIO * core, rel=1e-9)
+    assert (b.tp, b.cp) == (a.tp, a.cp)
