@@ -109,7 +109,7 @@ def measure(spec, tp: int, seq_len: int, recompute: str, micro_batch: int = 1, c
                 for p in model.parameters():
                     p.fill_(0.02)
             model.train()
-            return replace(_record(model, tp, seq_len // cp, recompute, micro_batch), cp=cp)
+            return _record(model, tp, cp, seq_len // cp, recompute, micro_batch)
         finally:
             mesh.destroy()
 
@@ -143,7 +143,7 @@ class SavedStorages:
         return {t.untyped_storage().data_ptr(): (t.untyped_storage().nbytes(), t.dtype) for t in self.first}
 
 
-def _record(model, tp, seq_len, recompute, micro_batch) -> LayerActivations:
+def _record(model, tp, cp, seq_len, recompute, micro_batch) -> LayerActivations:
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     log = SavedStorages(recording=False)
     # The second layer's forward up to the final norm (with full recomputation the layer's
@@ -173,4 +173,4 @@ def _record(model, tp, seq_len, recompute, micro_batch) -> LayerActivations:
             size = 4 if any(tag in name for name in by for tag in FP32_ON_GPU) else 2
         kept_on_cpu_only = ptr in cpu_only or any(name.endswith(CPU_ONLY_SAVED) for name in by)
         tensors.append(SavedTensor(tuple(t.shape), numel, storage.nbytes(), by, kept_on_cpu_only, size))
-    return LayerActivations(seq_len, micro_batch, tp, recompute, tuple(tensors))
+    return LayerActivations(seq_len, micro_batch, tp, recompute, tuple(tensors), cp)

@@ -32,13 +32,14 @@ def _loss_func(cp: int, output_tensor: torch.Tensor):
     return loss, {"lm loss": logged}
 
 
-def context_parallel_slice(t: torch.Tensor, cp: int, cp_rank: int) -> torch.Tensor:
-    """This CP rank's part of [b, s, ...]: chunks cp_rank and 2cp-1-cp_rank of 2cp equal chunks
-    (megatron's load-balanced causal split; its RoPE and hybridpar's attention assume it)."""
+def context_parallel_slice(t: torch.Tensor, cp: int, cp_rank: int, dim: int = 1) -> torch.Tensor:
+    """This CP rank's part of t along its sequence dimension ``dim`` ([b, s, ...] by default): chunks cp_rank
+    and 2cp-1-cp_rank of 2cp equal chunks (megatron's load-balanced causal split; its RoPE and hybridpar's
+    attention assume it)."""
     if cp == 1:
         return t
-    chunks = t.chunk(2 * cp, dim=1)
-    return torch.cat([chunks[cp_rank], chunks[2 * cp - 1 - cp_rank]], dim=1)
+    chunks = t.chunk(2 * cp, dim=dim)
+    return torch.cat([chunks[cp_rank], chunks[2 * cp - 1 - cp_rank]], dim=dim)
 
 
 def _forward_step_for(mesh):

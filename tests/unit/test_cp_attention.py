@@ -11,11 +11,12 @@ from torch.nn.attention.bias import CausalBias
 from torch.nn.attention.bias import causal_lower_right as _real_lower_right
 
 from hybridpar.runtime import attention
+from hybridpar.runtime.pipeline import context_parallel_slice
 
 
 def _rank_chunks(t, cp, rank):
-    pieces = t.chunk(2 * cp, dim=2)
-    return torch.cat((pieces[rank], pieces[2 * cp - 1 - rank]), dim=2)
+    """A CP rank's queries, keys or values ([b, heads, s, d]) as the runtime splits the sequence."""
+    return context_parallel_slice(t, cp, rank, dim=2)
 
 
 @pytest.mark.parametrize("cp, q_heads, kv_heads", [(2, 4, 4), (4, 8, 2)])
