@@ -296,6 +296,7 @@ def test_the_readme_quotes_the_current_validation():
                    f"{s.sweeps['bloom-tr11-2022-02-28']:.3f}",
                    f"{s.by_gpu['h100-80gb'][2]:+.1%} on H100, {s.by_gpu['a100-80gb'][2]:+.1%} on A100 80GB and "
                    f"{s.by_gpu['a100-40gb'][2]:+.1%} on A100 40GB",
+                   f"{s.by_gpu['b200-180gb'][2]:+.1%} on B200 ({s.by_gpu['b200-180gb'][0]} runs, 8K to 1M tokens)",
                    f"{s.by_stack['NeMo 1'][2]:+.1%} on NeMo 1 and {s.by_stack['NeMo 2'][2]:+.1%} on NeMo 2 "
                    f"({sum(r['precision'] == 'fp8' for r in TIMED)} of their "
                    f"{s.by_stack['NeMo 1'][0] + s.by_stack['NeMo 2'][0]} runs trained in FP8)",
