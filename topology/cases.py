@@ -110,7 +110,8 @@ def _profile(case: dict) -> Software:
                        tp_comm_overlap=case.get("tp_comm_overlap", sw.tp_comm_overlap),
                        norm_fusion=case.get("norm_fusion", sw.norm_fusion),
                        fp8_params=case.get("fp8_params", sw.fp8_params),
-                       fp8_param_gather=case.get("fp8_param_gather", sw.fp8_param_gather))
+                       fp8_param_gather=case.get("fp8_param_gather", sw.fp8_param_gather),
+                       fp8_scaling=case.get("fp8_scaling", sw.fp8_scaling))
     if case["id"].startswith("llama3"):
         # Llama 3 (2024): FP32 gradient accumulation and reduce-scatter (§3.3.2, as megatron-core's
         # profile); FlashAttention-2 on H100 reaches "only 35% utilization" (FlashAttention-3 paper,

@@ -22,7 +22,8 @@ from math import ceil
 
 from .eager_layer import eager_layer_bytes
 from .flops import causal_attention_flops, model_flops_per_seq
-from .fp8 import GATHER_SHARE, TRANSFORMER_ENGINE, layer_cast_bytes, layer_cast_kernels
+from .fp8 import (AMAX_BYTES, CURRENT, CURRENT_SCALING_KERNELS, GATHER_SHARE, TRANSFORMER_ENGINE, amax_reductions,
+                  current_scaling_bytes, layer_cast_bytes, layer_cast_kernels)
 from .hardware import GPU, get_gpu
 from .kernels import (ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES,
                       SWIGLU_UNFUSED_HBM, SWIGLU_UNFUSED_PASSES, attention_shape_factor, gemm_fwd_bwd, gemm_time,
@@ -120,7 +121,7 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
         # queries and one peer's keys and values), so its fixed per-query-block cost is amortised over
         # s / cp, not s.
         fraction = ((sw.attention_fraction or gpu.attention_fraction) * gpu.sustained_clock
-                    * attention_shape_factor(seq // cp, d))
+                    * attention_shape_factor(seq // cp, d, gpu.attention_curve))
         af = causal_attention_flops(mb, s_loc, seq, heads, d) / (peak16 * fraction)
         ab = FLASH_BACKWARD_RATIO * af
         slow_f, slow_b = ATTENTION_KERNEL_SLOWDOWN[sw.attention_kernel]
@@ -155,16 +156,24 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
             fwd, bwd = fwd + f_s, bwd + b_s
     f_b, b_b = eager_layer_bytes(m, sw, tp, sp)
     kernels_f, kernels_b = sw.kernels_per_layer
+    amax_f = amax_b = 0.0  # current scaling's amax all-reduces, on the compute stream
     if te_fp8:  # Transformer Engine's casts and transposes around the GEMMs (topology/fp8.py)
         te_sp = sp and tp > 1  # TE's own sequence_parallel flag is off at TP 1
         cast_f, cast_b = layer_cast_bytes(m, tp, te_sp)
         f_b, b_b = f_b + cast_f, b_b + cast_b
         extra_f, extra_b = layer_cast_kernels(te_sp)
         kernels_f, kernels_b = kernels_f + extra_f, kernels_b + extra_b
+        if sw.fp8_scaling == CURRENT:
+            more_f, more_b = current_scaling_bytes(m, tp, te_sp)
+            f_b, b_b = f_b + more_f, b_b + more_b
+            kernels_f, kernels_b = kernels_f + CURRENT_SCALING_KERNELS[0], kernels_b + CURRENT_SCALING_KERNELS[1]
+            amax_s = collective_time("all-reduce", AMAX_BYTES, tp, group_nodes(tp, tp, gpus_per_node),
+                                     _tp_bw(gpu, tp, gpus_per_node), gpu)
+            amax_f, amax_b = (n * amax_s for n in amax_reductions(te_sp, tp))
     fwd, bwd = fwd + hbm_time(tokens * f_b, gpu), bwd + hbm_time(tokens * b_b, gpu)
     elementwise_fwd = fwd - before_elementwise
-    fwd = kernel_bound(fwd, kernels_f, sw.launch_blocking)
-    bwd = kernel_bound(bwd, kernels_b, sw.launch_blocking)
+    fwd = kernel_bound(fwd, kernels_f, sw.launch_blocking) + amax_f
+    bwd = kernel_bound(bwd, kernels_b, sw.launch_blocking) + amax_b
     if recompute == "full":
         bwd += fwd
     elif recompute == "every-other-block":  # half the blocks repeat their forward: per block on average

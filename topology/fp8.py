@@ -18,6 +18,21 @@ grad_output_preprocess) [V]:
 Transformer Engine 2.0 (linear.py's quantizers, rowwise and columnwise data) makes the same fp8 copies, but with
 sequence parallelism quantizes a row-parallel input with its transpose in forward: 1 byte per element less than
 counted here [V].
+Current scaling (Transformer Engine's Float8CurrentScaling recipe, fp8.CURRENT; Megatron-Bridge's "fp8_cs") scales
+each tensor by its own amax, which must be known before the cast: "quantization ... requires reading the tensor
+twice: first read: compute amax ... second read: apply the scaling factor and cast" (TE docs, features/
+low_precision_training/fp8_current_scaling) [V]. Counted from TE 2.7 (pytorch/csrc/quantizer.cpp
+Float8CurrentScalingQuantizer::quantize_impl: nvte_compute_amax, then the amax all-reduce where set, then the cast;
+csrc/extensions/normalization.cpp: the norm cannot write fp8 under current scaling, "force_unfused_kernel", so it
+writes its 16-bit output, computing the amax on the way, and quantize_with_amax casts it) [V]:
+* the two norm outputs: 16 bits written and read back by the cast, not 1 byte written: 4 bytes per element more
+  than delayed scaling, and one cast kernel each;
+* the row-parallel inputs and the four output gradients: one more read of the 16-bit tensor, 2 bytes per element,
+  and one amax kernel each;
+* with sequence parallelism the tensors that are all-gathered in fp8 (the norm outputs in forward, the
+  row-parallel output gradients in backward: module/layernorm_linear.py and linear.py
+  _customize_quantizers_float8_current_scaling) agree on one scale first: a 4-byte amax all-reduce over the TP
+  group before each cast, on the compute stream.
 The output layer (megatron-core's own ColumnParallelLinear) and the embedding run outside fp8_autocast, in 16
 bits. Not modelled: the amax reduction after each micro-batch's forward and backward (one all-reduce of a few
 kilobytes over the stage's DP x TP x CP ranks, latency-bound)."""
@@ -26,6 +41,17 @@ from __future__ import annotations
 from .models import ModelSpec
 
 TRANSFORMER_ENGINE = "transformer-engine"
+# Transformer Engine's per-tensor scaling recipes: DelayedScaling (the scale from an amax history) and
+# Float8CurrentScaling (the scale from the tensor's own amax, read first).
+DELAYED = "delayed"
+CURRENT = "current"
+FP8_SCALINGS = (DELAYED, CURRENT)
+AMAX_READ_BYTES = 2  # current scaling's first pass: the 16-bit tensor read for its amax
+# A norm's output under current scaling: 16 bits written (2), read by the cast (2) and its fp8 copy written (1),
+# where delayed scaling's fused norm writes the fp8 byte alone: 4 bytes per element more.
+NORM_OUTPUT_UNFUSED_BYTES = 2 + 2 + 1 - 1
+CURRENT_SCALING_KERNELS = (4, 4)  # forward: 2 norm-output casts, 2 amaxes; backward: 4 gradient amaxes
+AMAX_BYTES = 4  # one fp32 amax
 CAST_TRANSPOSE_BYTES = 4  # read 2, write the fp8 copy and its fp8 transpose
 CAST_BYTES = 3  # read 2, write 1
 TRANSPOSE_BYTES = 2  # read 1, write 1
@@ -61,6 +87,25 @@ def layer_cast_kernels(sp: bool) -> tuple[int, int]:
     two norm-output transposes, the two column-parallel gradient cast-transposes and, with sequence parallelism,
     a cast and two transposes per row-parallel linear (else one cast-transpose each)."""
     return 2, 4 + (6 if sp else 2)
+
+
+def current_scaling_bytes(m: ModelSpec, tp: int, sp: bool) -> tuple[float, float]:
+    """HBM bytes per token current scaling adds to one layer's casts beyond delayed scaling's (forward,
+    backward): the norm outputs written in 16 bits and cast apart, and an amax read of every other tensor cast
+    (the row-parallel inputs; the output gradients, each rank's slice of the row-parallel ones with sequence
+    parallelism). The fp8 copies saved for backward are the same."""
+    h, kv, f = m.hidden, m.kv_heads * m.head_dim, m.ffn_hidden
+    up = f * (2 if m.mlp == "swiglu" else 1)
+    norm_share = 1 / tp if sp else 1.0
+    forward = NORM_OUTPUT_UNFUSED_BYTES * 2 * h * norm_share + AMAX_READ_BYTES * (h + f) / tp
+    backward = AMAX_READ_BYTES * ((h + 2 * kv + up) / tp + 2 * h * (1 / tp if sp else 1.0))
+    return forward, backward
+
+
+def amax_reductions(sp: bool, tp: int) -> tuple[int, int]:
+    """The amax all-reduces over the TP group current scaling adds to a layer (forward, backward): one before each
+    cast of a tensor that is all-gathered in fp8 (sequence parallelism)."""
+    return (2, 2) if sp and tp > 1 else (0, 0)
 
 
 def saved_bytes_change(m: ModelSpec, tp: int, sp: bool) -> float:

@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from .attention_tables import ATTENTION_TABLES, attention_curve
 from .collectives import TABLES
 from .spec_files import names_a_file, read_mapping
 
@@ -57,6 +58,10 @@ class GPU:
     # MAMF of an fp8 GEMM (float8_e4m3fn operands) as a fraction of the dense fp8 peak; None: no fp8
     # measurement, the bf16 gemm_fraction is assumed.
     fp8_gemm_fraction: float | None = None
+    # A measured attention kernel's rate by sequence length (a key of attention_tables.ATTENTION_TABLES):
+    # how attention_fraction, its rate at 8K, changes with the sequence (kernels.attention_shape_factor).
+    # None: FlashAttention's amortisation of its per-block cost.
+    attention_curve: str | None = None
 
     def gemm_fraction_for(self, operand_bytes: int) -> float:
         """The MAMF fraction of a GEMM whose operands take ``operand_bytes`` (1: fp8)."""
@@ -123,12 +128,15 @@ _H100 = dict(bf16_tflops=989.0, fp8_tflops=1979.0, nvlink_gbps=450.0, network_gb
 # NICs = 50 GB/s per GPU [R]; 148 SMs [R]. GEMMs: MAMF 1,745 TFLOP/s = 0.776 of peak (Bekman table,
 # torch 2.7.1) [S]; fp8 MAMF 3,432.5 of 4,500 = 0.763 (its FP8 part) [S]; OpenXLA's measured sm_100 table (xla/service/gpu/model/matmul_interpolator_data.h)
 # stops at 4,096 and peaks at 1,670. Sustained with all 8 GPUs computing: 1,426.4 TFLOP/s against a
-# 1,751.2 burst = 0.815 (ml-engineering benchmarks README, B200 bf16, n = 40) [S]. Attention on
-# Blackwell: no stored measurement; 0.5 as for H100 [assumed]. Host link: PCIe Gen5 x16 = 64 GB/s per
-# direction [R].
+# 1,751.2 burst = 0.815 (ml-engineering benchmarks README, B200 bf16, n = 40) [S]. Attention: cuDNN 9.10's
+# fused attention measured on one B200 at 512 to 128K (attention_tables "b200-cudnn-9.10") [S]: 0.444 of
+# peak at 8K, 0.33 at 4K, 0.5 from 16K. Host link: PCIe Gen5 x16 = 64 GB/s per direction [R].
+_B200_ATTENTION = "b200-cudnn-9.10"
 _B200 = dict(bf16_tflops=2250.0, fp8_tflops=4500.0, nvlink_gbps=900.0, network_gbps=50.0,
-             gpus_per_node=8, sms=148, gemm_fraction=0.776, attention_fraction=0.5, host_link_gbps=64.0,
-             sustained_clock=round(1426.4 / 1751.2, 3), fp8_gemm_fraction=round(3432.5 / 4500, 3))
+             gpus_per_node=8, sms=148, gemm_fraction=0.776,
+             attention_fraction=round(dict(attention_curve(_B200_ATTENTION))[8192], 3), host_link_gbps=64.0,
+             sustained_clock=round(1426.4 / 1751.2, 3), fp8_gemm_fraction=round(3432.5 / 4500, 3),
+             attention_curve=_B200_ATTENTION)
 
 CATALOGUE: dict[str, GPU] = {
     "a100-40gb": GPU("a100-40gb", memory_gib=40.0, hbm_tbps=1.555, **_A100),
@@ -209,6 +217,9 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
     if "nvlink_gbps" in data and "nvlink_collectives" not in data:
         values["nvlink_collectives"] = None  # the base's measured node had other links
     values.setdefault("nvlink_collectives", None)
+    if "attention_fraction" in data and "attention_curve" not in data:
+        values["attention_curve"] = None  # the file's own attention measurement, with the generic shape
+    values.setdefault("attention_curve", None)
     missing = [k for k in _GPU_FIELDS if k not in values]
     if missing:
         raise HardwareError(f"{source}: missing GPU key(s) {', '.join(missing)} (or name a catalogue GPU as base)")
@@ -218,6 +229,11 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
                 raise HardwareError(f"{source}: name must be a non-empty string, got {value!r}")
             continue
         if key in ("fp8_tflops", "fp8_gemm_fraction") and value is None:
+            continue
+        if key == "attention_curve":
+            if value is not None and value not in ATTENTION_TABLES:
+                raise HardwareError(f"{source}: attention_curve must name a measured table "
+                                    f"({', '.join(ATTENTION_TABLES)}) or be null, got {value!r}")
             continue
         if key == "nvlink_collectives":
             if value is not None and value not in TABLES:

@@ -8,7 +8,7 @@
   and result over HBM. The slower of the two decides. Backward = data-gradient GEMM plus
   weight-gradient GEMM with the transposed shapes. TP and small micro-batches shrink M, N, K.
 * Attention core: FlashAttention at hardware.GPU.attention_fraction of peak, scaled by sequence length
-  and head dimension (attention_shape_factor); backward FLASH_BACKWARD_RATIO x the forward's FLOPs;
+  and head dimension (attention_shape_factor; a measured curve where the GPU has one); backward FLASH_BACKWARD_RATIO x the forward's FLOPs;
   other kernels at their measured slowdown (ATTENTION_KERNEL_SLOWDOWN).
 * Memory-bound work (norms, residual adds, activation functions, the loss): bytes over
   HBM_EFFICIENCY x peak HBM bandwidth; unfused RoPE and SwiGLU op by op at their kernels' measured
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from math import ceil, log2
 
+from .attention_tables import FLASH_BACKWARD_RATIO, attention_curve
 from .hardware import GPU
 
 # Fraction of peak HBM bandwidth that streaming (elementwise) kernels reach [S, assumed].
@@ -51,8 +52,6 @@ SPLIT_K_MIN = 1024
 ATTN_SHORT_SEQ = 256
 ATTN_HEAD64 = 0.85
 
-# FlashAttention's backward FLOPs over its forward's: it recomputes the scores (Dao 2022, §3.1).
-FLASH_BACKWARD_RATIO = 2.5
 # Other attention kernels' forward and backward time over FlashAttention-2's for the same work:
 # FlashAttention-2 "is around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and
 # around 2x faster in the backward pass" (Dao 2023, "FlashAttention-2", §4.1, measured on A100;
@@ -170,11 +169,25 @@ def unfused_time(elements: float, passes: tuple[int, int], efficiency: float, gp
     return tuple(hbm_time(2 * p * elements, gpu, efficiency) for p in passes)
 
 
-def attention_shape_factor(seq: int, head_dim: int) -> float:
+def attention_shape_factor(seq: int, head_dim: int, curve: str | None = None) -> float:
     """FlashAttention's rate at this sequence length and head dimension relative to the GPU's
     attention_fraction (which is for head dimension 128 at 8K, causal): each query block pays a
     fixed cost (loading Q, the final rescale, writing O) amortised over its key loop, as
-    seq / (seq + ATTN_SHORT_SEQ); head dimension 64 runs at ATTN_HEAD64 of 128's rate."""
-    amortised = min(1.0, (seq / (seq + ATTN_SHORT_SEQ)) / (8192 / (8192 + ATTN_SHORT_SEQ)))
+    seq / (seq + ATTN_SHORT_SEQ); head dimension 64 runs at ATTN_HEAD64 of 128's rate. Where the GPU has a
+    measured ``curve`` (attention_tables), its rate at ``seq`` (log-linear between points, held beyond
+    the ends) over its rate at 8K instead of the amortisation."""
+    if curve is None:
+        amortised = min(1.0, (seq / (seq + ATTN_SHORT_SEQ)) / (8192 / (8192 + ATTN_SHORT_SEQ)))
+    else:
+        amortised = _on_curve(attention_curve(curve), seq) / _on_curve(attention_curve(curve), 8192)
     head = 1.0 if head_dim >= 128 else max(ATTN_HEAD64, ATTN_HEAD64 + (1 - ATTN_HEAD64) * log2(head_dim / 64))
     return amortised * head
+
+
+def _on_curve(points: tuple[tuple[int, float], ...], seq: int) -> float:
+    if seq <= points[0][0]:
+        return points[0][1]
+    for (s0, r0), (s1, r1) in zip(points, points[1:]):
+        if seq <= s1:
+            return r0 + (r1 - r0) * log2(seq / s0) / log2(s1 / s0)
+    return points[-1][1]

@@ -8,7 +8,7 @@ import pytest
 from hybridpar.topology.cases import _profile
 from hybridpar.topology.cost import layer_time
 from hybridpar.topology.flops import causal_attention_flops
-from hybridpar.topology.hardware import get_gpu
+from hybridpar.topology.hardware import get_gpu, load_gpu
 from hybridpar.topology.kernels import ATTENTION_KERNEL_SLOWDOWN, ATTN_SHORT_SEQ, FLASH_BACKWARD_RATIO, attention_shape_factor
 from hybridpar.topology.links import collective_time, nccl_sm_share
 from hybridpar.topology.models import PRESETS
@@ -90,3 +90,36 @@ def test_triton_attention_costs_flashattention2s_work_at_its_measured_slowdown()
     assert b.fwd - a.fwd == pytest.approx(0.4 * core, rel=1e-9)
     assert b.bwd - a.bwd == pytest.approx(1.0 * FLASH_BACKWARD_RATIO * core, rel=1e-9)
     assert (b.tp, b.cp) == (a.tp, a.cp)
+
+
+# cuDNN 9.10.2 on one B200, Llama 3.1 405B's attention (128 query heads, 8 KV heads, head dimension 128, causal,
+# batch 1): forward and backward ms by sequence length, NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/
+# artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv, rows pyt_cudnn.
+CUDNN_B200_MS = {2048: (0.287, 0.925), 4096: (0.642, 1.960), 8192: (1.877, 5.833), 32768: (24.795, 79.338)}
+
+
+def test_b200_attention_is_the_measured_cudnn_rate():
+    """B200's attention_fraction is cuDNN's measured rate at 8K in the planner's count (forward FLOPs of the
+    causal half, backward 2.5x, over the two times), and its rate at other lengths follows the measurement."""
+    b200 = get_gpu("b200-180gb")
+
+    def rate(seq):
+        fwd, bwd = CUDNN_B200_MS[seq]
+        return (1 + FLASH_BACKWARD_RATIO) * 4 * seq * seq * 128 * 128 / 2 / ((fwd + bwd) * 1e-3) / 2250e12
+
+    assert b200.attention_curve and b200.attention_fraction == pytest.approx(rate(8192), abs=1e-3)
+    for seq in (2048, 4096, 32768):
+        assert attention_shape_factor(seq, 128, b200.attention_curve) == pytest.approx(rate(seq) / rate(8192), rel=2e-3)
+    between = attention_shape_factor(6000, 128, b200.attention_curve)
+    assert rate(4096) / rate(8192) < between < 1  # log-linear between measured lengths
+    held = attention_shape_factor(131072, 128, b200.attention_curve)
+    assert attention_shape_factor(1 << 20, 128, b200.attention_curve) == held  # held beyond the last length
+    assert attention_shape_factor(8192, 64, b200.attention_curve) == pytest.approx(0.85)  # head dimension as before
+
+
+def test_a_gpu_file_with_its_own_attention_fraction_drops_the_base_curve(tmp_path):
+    own = tmp_path / "b200.yaml"
+    own.write_text("base: b200-180gb\nattention_fraction: 0.4\n")
+    kept = tmp_path / "b200-gemm.yaml"
+    kept.write_text("base: b200-180gb\ngemm_fraction: 0.7\n")
+    assert load_gpu(str(own)).attention_curve is None and load_gpu(str(kept)).attention_curve == "b200-cudnn-9.10"

@@ -113,13 +113,13 @@ LONG_SEQUENCE_TABLES = ("nemo2403-llama2-7b-", "nemo2504-llama3-8b-b200-")
 
 def test_userbuffers_only_where_a_run_could_have_them():
     """tp_comm_overlap marks runs whose recipe set up Transformer Engine's userbuffers: every NeMo run with TP > 1
-    whose recipe is published and Megatron-Core 0.8's table; each has TP > 1 inside a node and a stack with
-    sequence parallelism and TE."""
+    whose recipe is published, Megatron-Core 0.8's table and Megatron-Bridge's recipes; each has TP > 1 inside a
+    node and a stack with sequence parallelism and TE."""
     from hybridpar.topology.software import PROFILES
 
     marked = [r for r in RUNS if r.get("tp_comm_overlap")]
     assert {r["id"] for r in marked} == {r["id"] for r in RUNS
-                                         if (r["id"].startswith("nemo") or r["id"].startswith("mcore08")) and r["tp"] > 1
+                                         if r["id"].startswith(("nemo", "mcore08", "mbridge")) and r["tp"] > 1
                                          and not r["id"].startswith(LONG_SEQUENCE_TABLES)}
     for r in marked:
         profile = PROFILES[r["software"]]
@@ -202,7 +202,7 @@ def test_per_gpu_statistics_and_ranges_are_their_rows():
             assert validation.ratio_range(gpu) == s.gpu_ranges[gpu] != s.ratio_range
             assert validation.ratio_range(f"{gpu} (mine)") == s.gpu_ranges[gpu]
     # a GPU without enough runs of its own gets the spread of all of them
-    assert validation.ratio_range("b200-180gb") == s.ratio_range == validation.ratio_range()
+    assert validation.ratio_range("h200-141gb") == s.ratio_range == validation.ratio_range()
 
 
 def test_a_software_profiles_range_is_its_own_runs_on_that_gpu():
@@ -219,8 +219,8 @@ def test_a_software_profiles_range_is_its_own_runs_on_that_gpu():
     # hybridpar's own runtime has no published GPU run: its plans take the GPU's spread over every stack
     assert validation.ratio_range("a100-80gb", "hybridpar") == s.gpu_ranges["a100-80gb"]
     assert "every stack" in validation.range_note("a100-80gb", "hybridpar")
-    assert validation.ratio_range("b200-180gb", "megatron-core") == s.ratio_range
-    assert "all" in validation.range_note("b200-180gb", "megatron-core")
+    assert validation.ratio_range("h200-141gb", "megatron-core") == s.ratio_range
+    assert "all" in validation.range_note("h200-141gb", "megatron-core")
     assert validation.ratio_range("a100-80gb", "deepspeed-pipe-zero1") != s.gpu_ranges["a100-80gb"]
 
 
@@ -298,7 +298,7 @@ def test_the_readme_quotes_the_current_validation():
                    f"{s.by_gpu['a100-40gb'][2]:+.1%} on A100 40GB",
                    f"{s.by_gpu['b200-180gb'][2]:+.1%} on B200 ({s.by_gpu['b200-180gb'][0]} runs, 8K to 1M tokens)",
                    f"{s.by_stack['NeMo 1'][2]:+.1%} on NeMo 1 and {s.by_stack['NeMo 2'][2]:+.1%} on NeMo 2 "
-                   f"({sum(r['precision'] == 'fp8' for r in TIMED)} of their "
+                   f"({sum(r['precision'] == 'fp8' and r['stack'].startswith('NeMo') for r in TIMED)} of their "
                    f"{s.by_stack['NeMo 1'][0] + s.by_stack['NeMo 2'][0]} runs trained in FP8)",
                    f"the PyTorch FSDP runs, costed with their own profile, lean {fsdp:+.0%} and torchtitan's FSDP2 "
                    f"runs (all on A100) {torchtitan:+.0%}"):

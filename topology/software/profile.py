@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..fp8 import TRANSFORMER_ENGINE
+from ..fp8 import DELAYED, TRANSFORMER_ENGINE
 from ..kernels import HBM_EFFICIENCY, MIXED_ADD_HBM
 
 
@@ -181,6 +181,9 @@ class Software:
     # ... and the distributed optimizer all-gathers the updated weights as fp8, 1 byte per parameter, not 2
     # (megatron-core's; NeMo 2's fp8 precision plugin sets both).
     fp8_param_gather: bool = False
+    # Transformer Engine's scaling recipe (topology/fp8.py): fp8.DELAYED (NeMo's and megatron-core's default
+    # DelayedScaling) or fp8.CURRENT (Float8CurrentScaling: each tensor's amax read before its cast).
+    fp8_scaling: str = DELAYED
     # SwiGLU as one fused function (megatron-core bias_activation_fusion: fusions/fused_bias_swiglu.py
     # keeps only its input, gate and up, and recomputes in backward). False: megatron-core 0.16's
     # unfused glu (transformer/mlp.py): silu(gate) * (up + glu_linear_offset), where the silu output

@@ -8,6 +8,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+from hybridpar.topology.fp8 import FP8_SCALINGS
 from hybridpar.topology.kernels import ATTENTION_KERNEL_SLOWDOWN
 from hybridpar.topology.hardware import CATALOGUE, GIB, HardwareError, load_gpu
 from hybridpar.topology.memory import PARTS, TIGHT_MARGIN
@@ -79,6 +80,10 @@ def add_arguments(p):
                    help="with --precision fp8: weights kept in fp8 and all-gathered in fp8 by the distributed optimizer "
                    "(Megatron-LM --fp8-param-gather, NeMo's fp8_params); without it Transformer Engine caches an fp8 "
                    "copy of each weight beside the 16-bit one")
+    p.add_argument("--fp8-scaling", choices=FP8_SCALINGS, default=None,
+                   help="with --precision fp8: Transformer Engine's scaling recipe (default delayed: DelayedScaling, "
+                   "NeMo's and megatron-core's default; current: Float8CurrentScaling, Megatron-Bridge's fp8_cs, "
+                   "which reads each tensor once more for its amax before the cast)")
     p.add_argument("--tp-comm-overlap", action="store_true",
                    help="cost the plan for a run that overlaps the sequence-parallel TP collectives with the GEMMs "
                    "through Transformer Engine's userbuffers (megatron-core --tp-comm-overlap, NeMo's "
@@ -162,6 +167,11 @@ def build_request(args) -> tuple[Request, int]:
         if args.precision != "fp8":
             raise UsageError(f"--fp8-params keeps the weights in fp8: it needs --precision fp8, not {args.precision}")
         software = replace(software, fp8_params=True, fp8_param_gather=True)
+    if getattr(args, "fp8_scaling", None):
+        if args.precision != "fp8":
+            raise UsageError(f"--fp8-scaling sets how fp8 tensors are scaled: it needs --precision fp8, "
+                             f"not {args.precision}")
+        software = replace(software, fp8_scaling=args.fp8_scaling)
     if args.precision == "fp8" and software.fp8 is None:
         raise UsageError(f"--precision fp8: {software.label} has no fp8 training to plan; use --software megatron-core "
                          f"(or a NeMo profile: Transformer Engine's fp8) or --precision bf16")

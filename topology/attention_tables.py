@@ -1,0 +1,40 @@
+"""Measured attention kernels: forward and backward times of a causal attention kernel by sequence length, and the
+rate they give as a fraction of the GPU's dense 16-bit peak in the planner's count (flops.causal_attention_flops
+forward, FLASH_BACKWARD_RATIO x that backward, over the summed time). hardware.GPU.attention_curve names
+one; kernels.attention_shape_factor follows it where a GPU has one.
+
+"b200-cudnn-9.10": cuDNN 9.10.2's fused attention on one B200 (free clock), PyTorch 2.8's SDPA cuDNN backend,
+Llama 3.1 405B's attention (128 query heads, 8 key/value heads, head dimension 128, causal, batch 1), bf16:
+NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/artifacts/sdpa_bf16_benchmark_results_NVIDIA_B200.csv,
+rows pyt_cudnn, forward_time and backward_time in ms [S, measured kernel table]. Its backward takes 3.1-3.2x its
+forward from 2K on, not 2.5x: the summed time is what the rate keeps. FlashAttention-3 does not run on Blackwell
+and FlashAttention-2 reaches a third of this rate there (the same file's flash_attention rows); Transformer
+Engine's FusedAttention calls cuDNN.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+
+from .flops import causal_attention_flops
+
+# FlashAttention's backward FLOPs over its forward's: it recomputes the scores (Dao 2022, §3.1).
+FLASH_BACKWARD_RATIO = 2.5
+
+
+ATTENTION_TABLES: dict[str, dict] = {
+    "b200-cudnn-9.10": dict(peak_tflops=2250.0, heads=128, head_dim=128, points=(
+        (512, 0.102, 0.160), (1024, 0.135, 0.278), (2048, 0.287, 0.925), (4096, 0.642, 1.960),
+        (8192, 1.877, 5.833), (16384, 6.602, 20.460), (32768, 24.795, 79.338), (65536, 101.812, 327.889),
+        (131072, 415.333, 1343.117))),
+}
+
+
+@lru_cache(maxsize=None)
+def attention_curve(name: str) -> tuple[tuple[int, float], ...]:
+    """(sequence, fraction of the dense peak) of a measured table, forward and backward together."""
+    table = ATTENTION_TABLES[name]
+    curve = []
+    for seq, fwd_ms, bwd_ms in table["points"]:
+        flops = (1 + FLASH_BACKWARD_RATIO) * causal_attention_flops(1, seq, seq, table["heads"], table["head_dim"])
+        curve.append((seq, flops / ((fwd_ms + bwd_ms) * 1e-3) / (table["peak_tflops"] * 1e12)))
+    return tuple(curve)
