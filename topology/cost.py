@@ -159,9 +159,9 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     amax_f = amax_b = 0.0  # current scaling's amax all-reduces, on the compute stream
     if te_fp8:  # Transformer Engine's casts and transposes around the GEMMs (topology/fp8.py)
         te_sp = sp and tp > 1  # TE's own sequence_parallel flag is off at TP 1
-        cast_f, cast_b = layer_cast_bytes(m, tp, te_sp)
+        cast_f, cast_b = layer_cast_bytes(m, tp, te_sp, gpu.fp8_transposes)
         f_b, b_b = f_b + cast_f, b_b + cast_b
-        extra_f, extra_b = layer_cast_kernels(te_sp)
+        extra_f, extra_b = layer_cast_kernels(te_sp, gpu.fp8_transposes)
         kernels_f, kernels_b = kernels_f + extra_f, kernels_b + extra_b
         if sw.fp8_scaling == CURRENT:
             more_f, more_b = current_scaling_bytes(m, tp, te_sp)

@@ -62,30 +62,38 @@ GATHER_SHARE = 0.5
 # copy's transpose, cast on a step's first micro-batch and cached for the others (TE 1.13 module/base.py
 # get_fp8_workspace; megatron-core's TE wrappers pass is_first_microbatch) [V]: 2 bytes per parameter. With fp8
 # parameters (Software.fp8_params) the weight is that fp8 copy and its cached transpose: 2 bytes, as in 16 bits.
-WEIGHT_CACHE_BYTES = 2
+# Without transposes (Blackwell) the copy alone: 1 byte either way.
+def fp8_weight_bytes(transposes: bool) -> int:
+    """Bytes per layer parameter of a weight's fp8 form: the copy and, where GEMMs need it, its transpose."""
+    return 2 if transposes else 1
 
 
-def layer_cast_bytes(m: ModelSpec, tp: int, sp: bool) -> tuple[float, float]:
+def layer_cast_bytes(m: ModelSpec, tp: int, sp: bool, transposes: bool = True) -> tuple[float, float]:
     """HBM bytes per token of one layer's fp8 casts and transposes (forward, backward), beyond what the same
-    layer moves in 16 bits."""
+    layer moves in 16 bits. Without ``transposes`` (hardware.GPU.fp8_transposes, Blackwell) each cast-transpose
+    is a cast and no transpose is made."""
     h, kv, f = m.hidden, m.kv_heads * m.head_dim, m.ffn_hidden
     up = f * (2 if m.mlp == "swiglu" else 1)
     row_inputs = (h + f) / tp  # proj's and fc2's inputs
     norm_share = 1 / tp if sp else 1.0  # the part of the sequence each rank's norms see
-    forward = (-NORM_OUTPUT_SAVED_BYTES * 2 * h * norm_share
-               + (CAST_BYTES if sp else CAST_TRANSPOSE_BYTES) * row_inputs)
-    backward = TRANSPOSE_BYTES * 2 * h + CAST_TRANSPOSE_BYTES * (h + 2 * kv + up) / tp
+    transpose = TRANSPOSE_BYTES if transposes else 0
+    cast_transpose = CAST_TRANSPOSE_BYTES if transposes else CAST_BYTES
+    forward = -NORM_OUTPUT_SAVED_BYTES * 2 * h * norm_share + (CAST_BYTES if sp else cast_transpose) * row_inputs
+    backward = transpose * 2 * h + cast_transpose * (h + 2 * kv + up) / tp
     if sp:
-        backward += TRANSPOSE_BYTES * row_inputs + 2 * (CAST_BYTES * h / tp + TRANSPOSE_BYTES * h)
+        backward += transpose * row_inputs + 2 * (CAST_BYTES * h / tp + transpose * h)
     else:
-        backward += 2 * CAST_TRANSPOSE_BYTES * h
+        backward += 2 * cast_transpose * h
     return forward, backward
 
 
-def layer_cast_kernels(sp: bool) -> tuple[int, int]:
+def layer_cast_kernels(sp: bool, transposes: bool = True) -> tuple[int, int]:
     """Kernels the casts add to a layer (forward, backward): the two row-parallel input casts; in backward the
     two norm-output transposes, the two column-parallel gradient cast-transposes and, with sequence parallelism,
-    a cast and two transposes per row-parallel linear (else one cast-transpose each)."""
+    a cast and two transposes per row-parallel linear (else one cast-transpose each). Without transposes: the
+    casts alone, two forward and four backward."""
+    if not transposes:
+        return 2, 4
     return 2, 4 + (6 if sp else 2)
 
 
@@ -108,12 +116,14 @@ def amax_reductions(sp: bool, tp: int) -> tuple[int, int]:
     return (2, 2) if sp and tp > 1 else (0, 0)
 
 
-def saved_bytes_change(m: ModelSpec, tp: int, sp: bool) -> float:
+def saved_bytes_change(m: ModelSpec, tp: int, sp: bool, transposes: bool = True) -> float:
     """Bytes per token one layer keeps for its backward under fp8 beyond its 16-bit count (memory.layer_activation_
     bytes): the QKV and fc1 inputs, the norms' outputs, kept at 1 byte; proj's input cast to fp8 beside the 16-bit
     attention output FlashAttention keeps for itself (with sequence parallelism the fp8 copy alone, without it
     the copy and its transpose); fc2's input, the SwiGLU or GeLU output, kept as its fp8 copy (1 byte with sequence
-    parallelism; without it the copy and its transpose, 2 bytes as before)."""
+    parallelism; without it the copy and its transpose, 2 bytes as before). Without ``transposes`` (Blackwell)
+    each is the copy alone."""
     h, f = m.hidden, m.ffn_hidden
     norm_share = 1 / tp if sp else 1.0
-    return -2 * h * norm_share + (1 if sp else 2) * h / tp - (f / tp if sp else 0.0)
+    with_transpose = not sp and transposes
+    return -2 * h * norm_share + (2 if with_transpose else 1) * h / tp - (0.0 if with_transpose else f / tp)

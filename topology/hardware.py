@@ -58,6 +58,12 @@ class GPU:
     # MAMF of an fp8 GEMM (float8_e4m3fn operands) as a fraction of the dense fp8 peak; None: no fp8
     # measurement, the bf16 gemm_fraction is assumed.
     fp8_gemm_fraction: float | None = None
+    # Whether an fp8 GEMM takes its operands only as the TN layout, so that each backward GEMM needs a transposed
+    # fp8 copy (Hopper, Ada), or in any layout from the one rowwise copy (Blackwell: "supports multiple GEMM
+    # layouts natively, eliminating the need for explicit transposes", Transformer Engine's docs, fp8_current_
+    # scaling "Transpose handling"; TE 2.2 quantizer.cpp: create_transpose = columnwise_usage &&
+    # !non_tn_fp8_gemm_supported()) [V]. topology/fp8.py counts the casts either way.
+    fp8_transposes: bool = True
     # A measured attention kernel's rate by sequence length (a key of attention_tables.ATTENTION_TABLES):
     # how attention_fraction, its rate at 8K, changes with the sequence (kernels.attention_shape_factor).
     # None: FlashAttention's amortisation of its per-block cost.
@@ -136,7 +142,7 @@ _B200 = dict(bf16_tflops=2250.0, fp8_tflops=4500.0, nvlink_gbps=900.0, network_g
              gpus_per_node=8, sms=148, gemm_fraction=0.776,
              attention_fraction=round(dict(attention_curve(_B200_ATTENTION))[8192], 3), host_link_gbps=64.0,
              sustained_clock=round(1426.4 / 1751.2, 3), fp8_gemm_fraction=round(3432.5 / 4500, 3),
-             attention_curve=_B200_ATTENTION)
+             attention_curve=_B200_ATTENTION, fp8_transposes=False)
 
 CATALOGUE: dict[str, GPU] = {
     "a100-40gb": GPU("a100-40gb", memory_gib=40.0, hbm_tbps=1.555, **_A100),
@@ -220,6 +226,7 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
     if "attention_fraction" in data and "attention_curve" not in data:
         values["attention_curve"] = None  # the file's own attention measurement, with the generic shape
     values.setdefault("attention_curve", None)
+    values.setdefault("fp8_transposes", True)
     missing = [k for k in _GPU_FIELDS if k not in values]
     if missing:
         raise HardwareError(f"{source}: missing GPU key(s) {', '.join(missing)} (or name a catalogue GPU as base)")
@@ -229,6 +236,11 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
                 raise HardwareError(f"{source}: name must be a non-empty string, got {value!r}")
             continue
         if key in ("fp8_tflops", "fp8_gemm_fraction") and value is None:
+            continue
+        if key == "fp8_transposes":
+            if not isinstance(value, bool):
+                raise HardwareError(f"{source}: fp8_transposes must be true (Hopper: fp8 GEMMs need transposed "
+                                    f"copies) or false (Blackwell), got {value!r}")
             continue
         if key == "attention_curve":
             if value is not None and value not in ATTENTION_TABLES:

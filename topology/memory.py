@@ -44,7 +44,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .fp8 import WEIGHT_CACHE_BYTES, saved_bytes_change
+from .fp8 import fp8_weight_bytes, saved_bytes_change
 from .hardware import GIB
 from .plan import Plan
 from .software import CROSS_ENTROPY_KERNELS, GRAD_BUCKET_NUMEL, HYBRIDPAR, Software
@@ -141,8 +141,9 @@ def model_state_bytes(n_params: float, dp: int, zero_stage: int, fp32_grads: boo
     return weights, grads, optimizer
 
 
-def layer_activation_bytes(plan: Plan, sw: Software, full_layer: bool = False) -> float:
-    """Bytes one transformer layer keeps for one micro-batch on one GPU."""
+def layer_activation_bytes(plan: Plan, sw: Software, full_layer: bool = False, fp8_transposes: bool = True) -> float:
+    """Bytes one transformer layer keeps for one micro-batch on one GPU (under fp8, on a GPU whose fp8 GEMMs need
+    transposed copies or not: hardware.GPU.fp8_transposes)."""
     m, t = plan.model, plan.tp
     tokens = plan.micro_batch * plan.seq_len / plan.cp
     h, kv, f = m.hidden, m.kv_heads * m.head_dim, m.ffn_hidden
@@ -151,7 +152,7 @@ def layer_activation_bytes(plan: Plan, sw: Software, full_layer: bool = False) -
     if plan.recompute == "full" and not full_layer:
         return block_input
     if plan.recompute == "every-other-block" and not full_layer:  # per block on average
-        return (block_input + layer_activation_bytes(plan, sw, full_layer=True)) / 2
+        return (block_input + layer_activation_bytes(plan, sw, True, fp8_transposes)) / 2
     if plan.recompute == "op-selective" and not full_layer:
         # torchtitan's op policy: the block's input, the attention's output and fp32 logsumexp, and the outputs of
         # every other matmul in forward order (Q, V, the gate projection, the down projection)
@@ -180,7 +181,7 @@ def layer_activation_bytes(plan: Plan, sw: Software, full_layer: bool = False) -
     if sw.rotary and not sw.rope_fusion and sw.rope_style == "rotate-half":  # cos and sin for Q and for K, per position
         per_token += 4 * 2 * m.head_dim
     if plan.precision == "fp8":  # what Transformer Engine keeps in fp8 (topology/fp8.py)
-        per_token += saved_bytes_change(m, t, sp and t > 1)  # TE's sequence_parallel is off at TP 1
+        per_token += saved_bytes_change(m, t, sp and t > 1, fp8_transposes)  # TE's sequence_parallel is off at TP 1
     return tokens * per_token
 
 
@@ -221,7 +222,7 @@ def _nccl_group_bytes(tp: int, cp: int, pp: int, dp: int, per_node: int, tied_en
                for span in groups)
 
 
-def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMemory:
+def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR, fp8_transposes: bool = True) -> StageMemory:
     m, t = plan.model, plan.tp
     n = params_per_rank(plan, stage)
     weights, grads, optimizer = model_state_bytes(n, plan.zero_group, plan.zero_stage, sw.fp32_grads,
@@ -230,15 +231,17 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMem
         grads += 2 * n
     if sw.fp32_flat_shards and plan.zero_stage >= 3:
         weights, grads = 0.0, 4 * n / plan.zero_group
-    if plan.precision == "fp8" and not sw.fp8_params:  # Transformer Engine's cached fp8 weights (topology/fp8.py)
-        weights += WEIGHT_CACHE_BYTES * stage.layers * layer_params_per_rank(plan)
+    if plan.precision == "fp8":  # Transformer Engine's fp8 weights (topology/fp8.py): cached beside the 16-bit ones,
+        # or with fp8 parameters the weights themselves, counted at 2 bytes above
+        fp8_weights = fp8_weight_bytes(fp8_transposes) * stage.layers * layer_params_per_rank(plan)
+        weights += fp8_weights - (2 * stage.layers * layer_params_per_rank(plan) if sw.fp8_params else 0)
 
     tokens = plan.micro_batch * plan.seq_len / plan.cp
     chunks = in_flight(plan, stage.rank)
     layers_per_chunk = stage.layers / plan.vpp
-    act = chunks * layers_per_chunk * layer_activation_bytes(plan, sw)
+    act = chunks * layers_per_chunk * layer_activation_bytes(plan, sw, fp8_transposes=fp8_transposes)
     if plan.recompute in ("full", "every-other-block", "op-selective") and stage.layers:  # a block recomputed
-        act += layer_activation_bytes(plan, sw, full_layer=True)
+        act += layer_activation_bytes(plan, sw, True, fp8_transposes)
     if stage.has_embedding:  # embedding output of every in-flight micro-batch
         act += min(chunks, plan.grad_accum) * tokens * 2 * m.hidden / t
     logits = 0.0
@@ -275,9 +278,9 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR) -> StageMem
                        _nccl_bytes(plan, stage), fragmentation)
 
 
-def plan_memory(plan: Plan, sw: Software = HYBRIDPAR) -> StageMemory:
+def plan_memory(plan: Plan, sw: Software = HYBRIDPAR, fp8_transposes: bool = True) -> StageMemory:
     """The pipeline rank with the largest total: it decides whether the plan fits."""
-    return max((stage_memory(plan, s, sw=sw) for s in stages(plan)), key=lambda x: x.total)
+    return max((stage_memory(plan, s, sw, fp8_transposes) for s in stages(plan)), key=lambda x: x.total)
 
 
 def weights_floor_bytes(plan: Plan) -> float:

@@ -122,7 +122,7 @@ def _choices(req: Request, axis: str, default: list) -> list:
 def evaluate(plan: Plan, sw: Software = HYBRIDPAR, gpu: GPU | None = None,
              tolerate_replica_loss: bool = False) -> Evaluated:
     gpu = gpu or get_gpu(plan.gpu)
-    mem = plan_memory(plan, sw)
+    mem = plan_memory(plan, sw, gpu.fp8_transposes)
     return _costed(plan, mem, sw, gpu, mem.total <= gpu.memory_bytes, tolerate_replica_loss)
 
 
@@ -296,7 +296,7 @@ def _first_fit(req, gpu, result, tp, cp, pp, dp, mb, v, zero, recomputes):
         problems = plan.violations() + (tolerance_problems(plan) if req.tolerate_replica_loss else [])
         if problems:
             return problems[0]
-        mem = plan_memory(plan, req.software)
+        mem = plan_memory(plan, req.software, gpu.fp8_transposes)
         if mem.total > req.memory_budget(gpu):
             if smallest is None or mem.total < smallest[0].total:
                 smallest = (mem, plan)

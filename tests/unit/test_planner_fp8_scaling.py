@@ -81,9 +81,9 @@ def test_fp8_scaling_flag(capsys):
 
 
 def test_megatron_bridge_runs_are_costed_with_current_scaling():
-    """Megatron-Bridge's performance recipes (25.09) train FP8 with current scaling: each of its rows says so, and
-    costed with delayed scaling instead each would be predicted faster."""
+    """Megatron-Bridge's performance recipes (25.09, 26.02) train FP8 with current scaling: each of its rows says so,
+    and costed with delayed scaling instead each would be predicted faster."""
     rows = [c for c in load_cases(VALIDATION_PATH) if c["id"].startswith("mbridge")]
-    assert len(rows) == 4 and all(r["fp8_scaling"] == CURRENT and r["precision"] == "fp8" for r in rows)
+    assert len(rows) == 6 and all(r["fp8_scaling"] == CURRENT and r["precision"] == "fp8" for r in rows)
     for r in rows:
         assert validation.check(dict(r, fp8_scaling=DELAYED)).predicted_mfu > validation.check(r).predicted_mfu
