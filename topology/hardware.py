@@ -136,7 +136,8 @@ _H100 = dict(bf16_tflops=989.0, fp8_tflops=1979.0, nvlink_gbps=450.0, network_gb
 # stops at 4,096 and peaks at 1,670. Sustained with all 8 GPUs computing: 1,426.4 TFLOP/s against a
 # 1,751.2 burst = 0.815 (ml-engineering benchmarks README, B200 bf16, n = 40) [S]. Attention: cuDNN 9.10's
 # fused attention measured on one B200 at 512 to 128K (attention_tables "b200-cudnn-9.10") [S]: 0.444 of
-# peak at 8K, 0.33 at 4K, 0.5 from 16K. Host link: PCIe Gen5 x16 = 64 GB/s per direction [R].
+# peak at 8K, 0.33 at 4K, 0.51-0.53 at 16-32K, 0.50 at 128K. Host link: PCIe Gen5 x16 = 64 GB/s per direction
+# [R].
 _B200_ATTENTION = "b200-cudnn-9.10"
 _B200 = dict(bf16_tflops=2250.0, fp8_tflops=4500.0, nvlink_gbps=900.0, network_gbps=50.0,
              gpus_per_node=8, sms=148, gemm_fraction=0.776,

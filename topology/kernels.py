@@ -8,8 +8,9 @@
   and result over HBM. The slower of the two decides. Backward = data-gradient GEMM plus
   weight-gradient GEMM with the transposed shapes. TP and small micro-batches shrink M, N, K.
 * Attention core: FlashAttention at hardware.GPU.attention_fraction of peak, scaled by sequence length
-  and head dimension (attention_shape_factor; a measured curve where the GPU has one); backward FLASH_BACKWARD_RATIO x the forward's FLOPs;
-  other kernels at their measured slowdown (ATTENTION_KERNEL_SLOWDOWN).
+  and head dimension (attention_shape_factor; a measured curve where the GPU has one); backward
+  FLASH_BACKWARD_RATIO x the forward's FLOPs; other kernels at their measured slowdown
+  (ATTENTION_KERNEL_SLOWDOWN).
 * Memory-bound work (norms, residual adds, activation functions, the loss): bytes over
   HBM_EFFICIENCY x peak HBM bandwidth; unfused RoPE and SwiGLU op by op at their kernels' measured
   rate (unfused_time).

@@ -17,6 +17,7 @@ from hybridpar.topology.models import PRESETS
 from hybridpar.topology.plan import Plan
 from hybridpar.topology.software import HYBRIDPAR, MEGATRON_CORE, MEGATRON_CORE_BF16_GRADS, PROFILES
 from plan_cli import run
+from tensor_listing import listed_bytes
 
 H100 = get_gpu("h100-80gb")
 L8B = PRESETS["llama3-8b"]
@@ -43,9 +44,7 @@ def _te_tensors(m, tp: int, sp: bool) -> tuple[list, list]:
 @pytest.mark.parametrize("tp,sp", [(1, False), (4, True), (8, True), (2, False)])
 def test_cast_bytes_are_te_tensors_summed(tp, sp):
     forward, backward = _te_tensors(L8B, tp, sp)
-    f, b = layer_cast_bytes(L8B, tp, sp)
-    assert f == pytest.approx(sum(n * x for n, x in forward))
-    assert b == pytest.approx(sum(n * x for n, x in backward))
+    assert layer_cast_bytes(L8B, tp, sp) == pytest.approx(listed_bytes(forward, backward))
     assert layer_cast_kernels(sp) == (len(forward) - 2, len(backward))  # one kernel a tensor; the norms' are theirs
 
 

@@ -19,6 +19,7 @@ from hybridpar.topology.models import PRESETS
 from hybridpar.topology.plan import Plan
 from hybridpar.topology.software import MEGATRON_CORE_BF16_GRADS
 from plan_cli import run
+from tensor_listing import listed_bytes
 
 H100 = get_gpu("h100-80gb")
 L8B = PRESETS["llama3-8b"]
@@ -41,9 +42,7 @@ def _more_than_delayed(m, tp: int, sp: bool) -> tuple[list, list]:
 @pytest.mark.parametrize("tp,sp", [(1, False), (4, True), (8, True), (2, False)])
 def test_current_scaling_bytes_are_its_quantizations_summed(tp, sp):
     forward, backward = _more_than_delayed(L8B, tp, sp)
-    f, b = current_scaling_bytes(L8B, tp, sp)
-    assert f == pytest.approx(sum(n * x for n, x in forward))
-    assert b == pytest.approx(sum(n * x for n, x in backward))
+    assert current_scaling_bytes(L8B, tp, sp) == pytest.approx(listed_bytes(forward, backward))
 
 
 def test_a_layer_pays_the_bytes_the_kernels_and_the_amax_reductions():
