@@ -232,9 +232,9 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR, fp8_transpo
     if sw.fp32_flat_shards and plan.zero_stage >= 3:
         weights, grads = 0.0, 4 * n / plan.zero_group
     if plan.precision == "fp8":  # Transformer Engine's fp8 weights (topology/fp8.py): cached beside the 16-bit ones,
-        # or with fp8 parameters the weights themselves, counted at 2 bytes above
-        fp8_weights = fp8_weight_bytes(fp8_transposes) * stage.layers * layer_params_per_rank(plan)
-        weights += fp8_weights - (2 * stage.layers * layer_params_per_rank(plan) if sw.fp8_params else 0)
+        # or with fp8 parameters in place of them (counted at 2 bytes above)
+        per_param = fp8_weight_bytes(fp8_transposes) - (2 if sw.fp8_params else 0)
+        weights += per_param * stage.layers * layer_params_per_rank(plan)
 
     tokens = plan.micro_batch * plan.seq_len / plan.cp
     chunks = in_flight(plan, stage.rank)
