@@ -21,11 +21,12 @@ its own and every larger size's.
 """
 from __future__ import annotations
 
-import bisect
 import json
 import math
 from functools import lru_cache
 from pathlib import Path
+
+from .interpolation import between
 
 DATA = Path(__file__).resolve().parent / "data"
 # Tables by name (hardware.GPU.nvlink_collectives names one): the node they were measured on.
@@ -59,6 +60,4 @@ def measured_time(table: str, op: str, nbytes: float, ranks: int) -> float | Non
         return math.exp(ys[0])
     if x >= xs[-1]:
         return math.exp(ys[-1]) * nbytes / math.exp(xs[-1])
-    i = bisect.bisect_right(xs, x)
-    w = (x - xs[i - 1]) / (xs[i] - xs[i - 1])
-    return math.exp(ys[i - 1] + w * (ys[i] - ys[i - 1]))
+    return math.exp(between(xs, ys, x))

@@ -23,6 +23,7 @@ from math import ceil, log2
 
 from .attention_tables import FLASH_BACKWARD_RATIO, attention_curve
 from .hardware import GPU
+from .interpolation import between
 
 # Fraction of peak HBM bandwidth that streaming (elementwise) kernels reach [S, assumed].
 HBM_EFFICIENCY = 0.85
@@ -186,9 +187,5 @@ def attention_shape_factor(seq: int, head_dim: int, curve: str | None = None) ->
 
 
 def _on_curve(points: tuple[tuple[int, float], ...], seq: int) -> float:
-    if seq <= points[0][0]:
-        return points[0][1]
-    for (s0, r0), (s1, r1) in zip(points, points[1:]):
-        if seq <= s1:
-            return r0 + (r1 - r0) * log2(seq / s0) / log2(s1 / s0)
-    return points[-1][1]
+    xs, ys = [log2(s) for s, _ in points], [r for _, r in points]
+    return between(xs, ys, min(max(log2(seq), xs[0]), xs[-1]))
