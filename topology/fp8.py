@@ -58,6 +58,8 @@ TRANSPOSE_BYTES = 2  # read 1, write 1
 NORM_OUTPUT_SAVED_BYTES = 1  # the norm writes 1 byte per element, not 2
 # An fp8 all-gather moves half the bytes of the 16-bit one it replaces.
 GATHER_SHARE = 0.5
+
+
 # Without fp8 parameters Transformer Engine keeps, beside each 16-bit weight of the layers, its fp8 copy and that
 # copy's transpose, cast on a step's first micro-batch and cached for the others (TE 1.13 module/base.py
 # get_fp8_workspace; megatron-core's TE wrappers pass is_first_microbatch) [V]: 2 bytes per parameter. With fp8

@@ -176,7 +176,7 @@ class Software:
     # planner refuses to cost it. hybridpar's runtime builds megatron-core's local layers, without TE.
     fp8: str | None = None
     # Under fp8, the weights are kept in fp8 (Megatron-LM --fp8-param-gather, NeMo's fp8_params): no 16-bit
-    # weight beside Transformer Engine's fp8 copy (topology/fp8.py WEIGHT_CACHE_BYTES) ...
+    # weight beside Transformer Engine's fp8 copy (topology/fp8.py fp8_weight_bytes) ...
     fp8_params: bool = False
     # ... and the distributed optimizer all-gathers the updated weights as fp8, 1 byte per parameter, not 2
     # (megatron-core's; NeMo 2's fp8 precision plugin sets both).
