@@ -46,9 +46,12 @@ VALIDATION_PATH = DATA / "validation_runs.json"
 # "NET/IB/3" out, 2 channels), 41% of that link's 100 Gbit/s. Assumed: a link carries no more when
 # several rings share it, as each of a TP=8 layout's 8 DP rings per node does over its 4 links. The
 # planner derates a link by LINK_EFFICIENCY; the measured figure is already what NCCL reaches, so it
-# enters as 4 x 40.5 / 8 Gbit/s per GPU over that factor.
+# enters as 4 x 40.5 / 8 Gbit/s per GPU over that factor. The benchmark's ring had all 8 GPUs of each node
+# and still crossed over one link: a ring with several members on a node (DP inside PP at TP < 8) is held
+# to one link's 40.5 Gbit/s (GPU.network_ring_gbps), not its members' share of the four.
 JEAN_ZAY_NCCL_GBIT_PER_LINK = 40.5
 JEAN_ZAY_NETWORK_GBPS = 4 * JEAN_ZAY_NCCL_GBIT_PER_LINK / 8 / 8 / LINK_EFFICIENCY
+JEAN_ZAY_RING_GBPS = JEAN_ZAY_NCCL_GBIT_PER_LINK / 8 / LINK_EFFICIENCY
 
 # Narayanan et al.'s run script (Megatron-LM examples/sc21/run_table_1.sh) sets DDP=torch for the
 # models without pipeline parallelism, DDP=local from 39B up.
@@ -86,7 +89,8 @@ def case_software(case: dict) -> tuple[Software, GPU]:
         # BLOOM and its sweep ran on Jean Zay (JEAN_ZAY_NETWORK_GBPS) with CUDA_LAUNCH_BLOCKING=1 from the
         # 02-17 tables on, the workaround for NCCL hangs at 320+ GPUs (chronicles-prequel.md, "dealing
         # with JZ hanging on the large model"; tr11-176B-ml.slurm exports it for the production run).
-        sw, gpu = replace(sw, launch_blocking=True), replace(gpu, network_gbps=JEAN_ZAY_NETWORK_GBPS)
+        sw = replace(sw, launch_blocking=True)
+        gpu = replace(gpu, network_gbps=JEAN_ZAY_NETWORK_GBPS, network_ring_gbps=JEAN_ZAY_RING_GBPS)
     return sw, gpu
 
 

@@ -68,6 +68,10 @@ class GPU:
     # how attention_fraction, its rate at 8K, changes with the sequence (kernels.attention_shape_factor).
     # None: FlashAttention's amortisation of its per-block cost.
     attention_curve: str | None = None
+    # The most one NCCL ring carries across a node's boundary, GB/s per direction, on a cluster whose NCCL
+    # enters and leaves each node over one NIC per ring whatever the ring's members there (measured on that
+    # cluster). None: a ring's channels spread over the NICs of its members on the node (links.dp_link_gbps).
+    network_ring_gbps: float | None = None
 
     def gemm_fraction_for(self, operand_bytes: int) -> float:
         """The MAMF fraction of a GEMM whose operands take ``operand_bytes`` (1: fp8)."""
@@ -228,6 +232,7 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
         values["attention_curve"] = None  # the file's own attention measurement, with the generic shape
     values.setdefault("attention_curve", None)
     values.setdefault("fp8_transposes", True)
+    values.setdefault("network_ring_gbps", None)
     missing = [k for k in _GPU_FIELDS if k not in values]
     if missing:
         raise HardwareError(f"{source}: missing GPU key(s) {', '.join(missing)} (or name a catalogue GPU as base)")
@@ -236,7 +241,7 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
             if not isinstance(value, str) or not value.strip():
                 raise HardwareError(f"{source}: name must be a non-empty string, got {value!r}")
             continue
-        if key in ("fp8_tflops", "fp8_gemm_fraction") and value is None:
+        if key in ("fp8_tflops", "fp8_gemm_fraction", "network_ring_gbps") and value is None:
             continue
         if key == "fp8_transposes":
             if not isinstance(value, bool):

@@ -123,7 +123,9 @@ def dp_link_gbps(plan: Plan, gpu: GPU, sw: Software) -> float:
     GPUs too: each ring leaves the node once, over m GPUs' NICs' worth of the node's links
     (NCCL spreads a communicator's channels over the node's NICs; nccl-tests' cross-node
     all-reduce bus bandwidth with all 8 GPUs of each node in the communicator is the node's
-    NIC bandwidth, not one GPU's) [S]."""
+    NIC bandwidth, not one GPU's) [S]; no more than one NIC's where the cluster's NCCL was measured
+    to take one per ring (GPU.network_ring_gbps)."""
     if dp_inside_node(plan, sw):
         return gpu.nvlink_gbps
-    return min(gpu.nvlink_gbps, dp_ranks_per_node(plan, sw) * gpu.network_gbps)
+    spread = min(gpu.nvlink_gbps, dp_ranks_per_node(plan, sw) * gpu.network_gbps)
+    return spread if gpu.network_ring_gbps is None else min(spread, gpu.network_ring_gbps)

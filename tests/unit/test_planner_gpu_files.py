@@ -54,6 +54,7 @@ def test_measured_gemm_fraction_in_a_gpu_file_slows_the_gemms(tmp_path, capsys):
     ("base: h100-80gb\nsms: 13.5\n", "sms must be a positive integer"),
     ("base: h100-80gb\ngpus_per_node: .inf\n", "gpus_per_node must be a positive integer"),
     ("base: h100-80gb\nnetwork_gbps: .nan\n", "network_gbps must be a positive number"),
+    ("base: a100-80gb\nnetwork_ring_gbps: 0\n", "network_ring_gbps must be a positive number"),
     ("base: h100-80gb\nmemory_gib: true\n", "memory_gib must be a positive number"),
     ("base: h100-80gb\nhbm_tbps: .inf\n", "hbm_tbps must be a positive number"),
     ("base: h100-80gb\nclock_mhz: 1980\n", "unknown GPU key(s) clock_mhz"),
