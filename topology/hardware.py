@@ -114,7 +114,10 @@ _A100 = dict(bf16_tflops=312.0, fp8_tflops=None, nvlink_gbps=300.0, network_gbps
 # bidirectional; 8 x 400 Gb/s compute NICs per node = 50 GB/s per GPU (NVIDIA dgxc-benchmarking
 # README) [V]. 132 SMs [S]. MAMF 792.1 TFLOP/s = 0.801 of peak (Bekman table) [S]; fp8 (float8_e4m3fn) MAMF
 # 1,402.6 of 1,979 = 0.709, H200 1,453.4 = 0.734 (the same table's FP8 part, torch 2.7) [S]; the
-# sustained share below, measured with bf16, is assumed for fp8. Sustained: with
+# sustained share below, measured with bf16, is kept for fp8: one H200 alone sustains 0.864 of its fp8 burst
+# (1,288.7 of 1,491.9) and 0.842 of its bf16 one (708.5 of 841.9), one B200 0.814 and 0.822 (ml-engineering
+# compute/accelerator/README.md, "MAMF & MSMF" tables, torch 2.13) [S]: +2.6% and -1.0%, opposite ways and
+# inside the 1-2% each of the four figures reproduces to. Sustained: with
 # all 8 GPUs of a node running matmuls (mamf-finder-all-gpus.py, 5 rounds, n = 40), H200 bf16 -
 # the same GH100 at the same 700 W - sustains 698.6 TFLOP/s where its burst reaches 823.9, SM
 # clocks 1405-1527 MHz against the 1980 MHz boost: 0.848 (ml-engineering,
