@@ -10,6 +10,13 @@ rows pyt_cudnn, forward_time and backward_time in ms [S, measured kernel table].
 forward from 2K on, not 2.5x: the summed time is what the rate keeps. FlashAttention-3 does not run on Blackwell
 and FlashAttention-2 reaches a third of this rate there (the same file's flash_attention rows); Transformer
 Engine's FusedAttention calls cuDNN.
+
+"h200-cudnn-9.19": cuDNN 9.19's fused attention on one H200 (GH100, H100's compute; free clock), cudnn-frontend 1.19,
+Llama 3.1 70B's attention (64 query heads, 8 key/value heads, head dimension 128, causal "top_left", batch 1), bf16:
+NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/results/h200_919_only_cudnn/llama3.1_20260227_034703.csv,
+fwd_time_ms and bwd_time_ms [S, measured kernel table]: 0.57 of the dense peak at 8K, 0.51 at 4K, 0.61 from 16K.
+It postdates every validated Hopper run (2021-2025 kernels), which keep the catalogue's assumed rate; a GPU file
+names it to plan for that release of cuDNN.
 """
 from __future__ import annotations
 
@@ -19,6 +26,8 @@ from .flops import causal_attention_flops
 
 # FlashAttention's backward FLOPs over its forward's: it recomputes the scores (Dao 2022, §3.1).
 FLASH_BACKWARD_RATIO = 2.5
+# The length a GPU's attention_fraction is the rate at (head dimension 128, causal).
+REFERENCE_SEQ = 8192
 
 
 ATTENTION_TABLES: dict[str, dict] = {
@@ -26,6 +35,9 @@ ATTENTION_TABLES: dict[str, dict] = {
         (512, 0.102, 0.160), (1024, 0.135, 0.278), (2048, 0.287, 0.925), (4096, 0.642, 1.960),
         (8192, 1.877, 5.833), (16384, 6.602, 20.460), (32768, 24.795, 79.338), (65536, 101.812, 327.889),
         (131072, 415.333, 1343.117))),
+    "h200-cudnn-9.19": dict(peak_tflops=989.0, heads=64, head_dim=128, points=(
+        (2048, 0.142, 0.464), (4096, 0.465, 1.450), (8192, 1.708, 5.083), (16384, 6.531, 19.002),
+        (32768, 25.566, 75.688))),
 }
 
 
@@ -38,3 +50,8 @@ def attention_curve(name: str) -> tuple[tuple[int, float], ...]:
         flops = (1 + FLASH_BACKWARD_RATIO) * causal_attention_flops(1, seq, seq, table["heads"], table["head_dim"])
         curve.append((seq, flops / ((fwd_ms + bwd_ms) * 1e-3) / (table["peak_tflops"] * 1e12)))
     return tuple(curve)
+
+
+def reference_rate(name: str) -> float:
+    """A measured table's rate at REFERENCE_SEQ: the attention_fraction of a GPU that follows it."""
+    return dict(attention_curve(name))[REFERENCE_SEQ]

@@ -9,7 +9,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .attention_tables import ATTENTION_TABLES, attention_curve
+from .attention_tables import ATTENTION_TABLES, reference_rate
 from .collectives import TABLES
 from .spec_files import names_a_file, read_mapping
 
@@ -125,7 +125,9 @@ _A100 = dict(bf16_tflops=312.0, fp8_tflops=None, nvlink_gbps=300.0, network_gbps
 # revision of that README reports another H200 node at 755.5 of 852.1 (0.887, clocks 1850-1938 MHz, its GPUs
 # 3.4% apart): the sustained rate differs from node to node (4.6% between these two), and a synchronous job runs
 # at its slowest GPU's, so the lower node's figure is kept.
-# FlashAttention on H100: FA2 reaches ~35-40% of peak, FA3 ~75% (Shah et al. 2024) [S]: 0.5 assumed.
+# FlashAttention on H100: FA2 reaches ~35-40% of peak, FA3 ~75% (Shah et al. 2024) [S]: 0.5 assumed. cuDNN
+# 9.19 measured on one H200 reaches 0.57 at 8K (attention_tables "h200-cudnn-9.19", a GPU file can name it); it
+# postdates the kernels every validated Hopper run used, so the catalogue keeps the assumption.
 # Host link (H100, and H200/H800 SXM, which share the board interface): PCIe Gen5 x16, 128 GB/s
 # bidirectional = 64 per direction (NVIDIA H100/H200 SXM datasheets) [S].
 # Collectives inside a node: OpenXLA's table measured on 8 compute-capability-9.0 GPUs, NVLink 4 through
@@ -148,7 +150,7 @@ _H100 = dict(bf16_tflops=989.0, fp8_tflops=1979.0, nvlink_gbps=450.0, network_gb
 _B200_ATTENTION = "b200-cudnn-9.10"
 _B200 = dict(bf16_tflops=2250.0, fp8_tflops=4500.0, nvlink_gbps=900.0, network_gbps=50.0,
              gpus_per_node=8, sms=148, gemm_fraction=0.776,
-             attention_fraction=round(dict(attention_curve(_B200_ATTENTION))[8192], 3), host_link_gbps=64.0,
+             attention_fraction=round(reference_rate(_B200_ATTENTION), 3), host_link_gbps=64.0,
              sustained_clock=round(1426.4 / 1751.2, 3), fp8_gemm_fraction=round(3432.5 / 4500, 3),
              attention_curve=_B200_ATTENTION, fp8_transposes=False)
 
@@ -234,6 +236,9 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
     if "attention_fraction" in data and "attention_curve" not in data:
         values["attention_curve"] = None  # the file's own attention measurement, with the generic shape
     values.setdefault("attention_curve", None)
+    if isinstance(data.get("attention_curve"), str) and data["attention_curve"] in ATTENTION_TABLES \
+            and "attention_fraction" not in data:
+        values["attention_fraction"] = round(reference_rate(data["attention_curve"]), 3)  # the table's level too
     values.setdefault("fp8_transposes", True)
     values.setdefault("network_ring_gbps", None)
     missing = [k for k in _GPU_FIELDS if k not in values]
@@ -252,12 +257,12 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
                                     f"copies) or false (Blackwell), got {value!r}")
             continue
         if key == "attention_curve":
-            if value is not None and value not in ATTENTION_TABLES:
+            if value is not None and not (isinstance(value, str) and value in ATTENTION_TABLES):
                 raise HardwareError(f"{source}: attention_curve must name a measured table "
                                     f"({', '.join(ATTENTION_TABLES)}) or be null, got {value!r}")
             continue
         if key == "nvlink_collectives":
-            if value is not None and value not in TABLES:
+            if value is not None and not (isinstance(value, str) and value in TABLES):
                 raise HardwareError(f"{source}: nvlink_collectives must name a measured table ({', '.join(TABLES)}) "
                                     f"or be null, got {value!r}")
             continue

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from math import ceil, log2
 
-from .attention_tables import FLASH_BACKWARD_RATIO, attention_curve
+from .attention_tables import FLASH_BACKWARD_RATIO, REFERENCE_SEQ, attention_curve
 from .hardware import GPU
 from .interpolation import between
 
@@ -179,9 +179,9 @@ def attention_shape_factor(seq: int, head_dim: int, curve: str | None = None) ->
     measured ``curve`` (attention_tables), its rate at ``seq`` (log-linear between points, held beyond
     the ends) over its rate at 8K instead of the amortisation."""
     if curve is None:
-        amortised = min(1.0, (seq / (seq + ATTN_SHORT_SEQ)) / (8192 / (8192 + ATTN_SHORT_SEQ)))
+        amortised = min(1.0, (seq / (seq + ATTN_SHORT_SEQ)) / (REFERENCE_SEQ / (REFERENCE_SEQ + ATTN_SHORT_SEQ)))
     else:
-        amortised = _on_curve(attention_curve(curve), seq) / _on_curve(attention_curve(curve), 8192)
+        amortised = _on_curve(attention_curve(curve), seq) / _on_curve(attention_curve(curve), REFERENCE_SEQ)
     head = 1.0 if head_dim >= 128 else max(ATTN_HEAD64, ATTN_HEAD64 + (1 - ATTN_HEAD64) * log2(head_dim / 64))
     return amortised * head
 

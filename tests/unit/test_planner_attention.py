@@ -117,6 +117,35 @@ def test_b200_attention_is_the_measured_cudnn_rate():
     assert attention_shape_factor(8192, 64, b200.attention_curve) == pytest.approx(0.85)  # head dimension as before
 
 
+# cuDNN 9.19 on one H200, Llama 3.1 70B's attention (64 query heads, 8 KV heads, head dimension 128, causal
+# top_left, batch 1, bf16): fwd_time_ms and bwd_time_ms, NVIDIA/cudnn-frontend benchmark/sdpa_benchmark_training/
+# results/h200_919_only_cudnn/llama3.1_20260227_034703.csv.
+CUDNN_H200_MS = {2048: (0.142, 0.464), 4096: (0.465, 1.450), 8192: (1.708, 5.083), 32768: (25.566, 75.688)}
+
+
+def test_a_gpu_file_plans_hopper_attention_at_cudnn_919s_measured_rate(tmp_path):
+    """Naming the H200 cuDNN 9.19 table in a GPU file gives its rate at 8K as the level (a file that gives
+    no attention_fraction of its own) and its measured shape; the catalogue's Hopper keeps the assumed 0.5,
+    which the validated runs' older kernels are costed with."""
+    def rate(seq):
+        fwd, bwd = CUDNN_H200_MS[seq]
+        return (1 + FLASH_BACKWARD_RATIO) * 4 * seq * seq * 128 * 64 / 2 / ((fwd + bwd) * 1e-3) / 989e12
+
+    path = tmp_path / "h100-cudnn.yaml"
+    path.write_text("base: h100-80gb\nattention_curve: h200-cudnn-9.19\n")
+    gpu = load_gpu(str(path))
+    assert gpu.attention_fraction == pytest.approx(rate(8192), abs=1e-3) and 0.56 < gpu.attention_fraction < 0.58
+    for seq in (2048, 4096, 32768):
+        assert attention_shape_factor(seq, 128, gpu.attention_curve) == pytest.approx(rate(seq) / rate(8192), rel=2e-3)
+    assert attention_shape_factor(32768, 128, gpu.attention_curve) > 1  # cuDNN keeps gaining past 8K
+    h100 = get_gpu("h100-80gb")
+    assert h100.attention_curve is None and h100.attention_fraction == 0.5
+    m = PRESETS["llama3-70b"]
+    faster = layer_time(m, gpu, "bf16", 8192, 1, 8, 1, True, "none", MEGATRON_CORE, 8)
+    assumed = layer_time(m, h100, "bf16", 8192, 1, 8, 1, True, "none", MEGATRON_CORE, 8)
+    assert faster.fwd < assumed.fwd and faster.bwd < assumed.bwd
+
+
 def test_a_gpu_file_with_its_own_attention_fraction_drops_the_base_curve(tmp_path):
     own = tmp_path / "b200.yaml"
     own.write_text("base: b200-180gb\nattention_fraction: 0.4\n")

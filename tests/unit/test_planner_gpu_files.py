@@ -59,6 +59,8 @@ def test_measured_gemm_fraction_in_a_gpu_file_slows_the_gemms(tmp_path, capsys):
     ("base: h100-80gb\nhbm_tbps: .inf\n", "hbm_tbps must be a positive number"),
     ("base: h100-80gb\nclock_mhz: 1980\n", "unknown GPU key(s) clock_mhz"),
     ("base: b200-180gb\nattention_curve: h100-fa3\n", "attention_curve must name a measured table"),
+    ("base: h100-80gb\nattention_curve: [a]\n", "attention_curve must name a measured table"),
+    ("base: h100-80gb\nnvlink_collectives: {a: 1}\n", "nvlink_collectives must name a measured table"),
     ("base: x100\n", "unknown GPU 'x100'"),
     ("bf16_tflops: 2250\nmemory_gib: 180\n", "missing GPU key(s)"),
     ("- h100\n", "expected a mapping of GPU keys"),
