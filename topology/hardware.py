@@ -236,9 +236,6 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
     if "attention_fraction" in data and "attention_curve" not in data:
         values["attention_curve"] = None  # the file's own attention measurement, with the generic shape
     values.setdefault("attention_curve", None)
-    if isinstance(data.get("attention_curve"), str) and data["attention_curve"] in ATTENTION_TABLES \
-            and "attention_fraction" not in data:
-        values["attention_fraction"] = round(reference_rate(data["attention_curve"]), 3)  # the table's level too
     values.setdefault("fp8_transposes", True)
     values.setdefault("network_ring_gbps", None)
     missing = [k for k in _GPU_FIELDS if k not in values]
@@ -275,6 +272,8 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
             bound = ("a share of the burst rate in (0, 1]" if key == "sustained_clock" else
                      "a fraction of the dense peak in (0, 1]" if key in _FRACTIONS else "a positive number")
             raise HardwareError(f"{source}: {key} must be {bound}, got {value!r}")
+    if "attention_curve" in data and values["attention_curve"] is not None and "attention_fraction" not in data:
+        values["attention_fraction"] = round(reference_rate(values["attention_curve"]), 3)  # the table's level too
     return GPU(**values)
 
 
