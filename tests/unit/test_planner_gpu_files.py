@@ -48,6 +48,24 @@ def test_measured_gemm_fraction_in_a_gpu_file_slows_the_gemms(tmp_path, capsys):
     assert slow["memory_gib"] == fast["memory_gib"]
 
 
+def test_a_ring_cap_in_a_gpu_file_slows_only_rings_with_several_members_on_a_node(tmp_path, capsys):
+    """network_ring_gbps (a cluster whose NCCL carries a ring out of a node at no more than 75 GB/s, 1.5 of the
+    catalogue H100's NICs): megatron-core's DP ring at TP2 has 4 members on each node and loses the other NICs'
+    share; at TP8 (one member per node, one NIC's 50 GB/s) the cap does not bind."""
+    path = tmp_path / "one-nic-per-ring.yaml"
+    path.write_text("base: h100-80gb\nnetwork_ring_gbps: 75\n")
+
+    def dp_seconds(tp, gpu):
+        argv = ["--model", "llama3-8b", "--gpus", "64", "--tp", str(tp), "--pp", "1", "--cp", "1", "--dp", str(64 // tp),
+                "--micro-batch", "1", "--vpp", "1", "--zero", "1", "--recompute", "none", "--global-batch", "64",
+                "--software", "megatron-core", "--gpu", gpu, "--json"]
+        (plan,) = json.loads(run(argv, capsys)[1])["plans"]
+        return plan["comm_s"]["dp"]
+
+    assert dp_seconds(2, str(path)) > dp_seconds(2, "h100-80gb")
+    assert dp_seconds(8, str(path)) == dp_seconds(8, "h100-80gb")
+
+
 @pytest.mark.parametrize("content, message", [
     ("base: h100-80gb\ngemm_fraction: 1.5\n", "gemm_fraction must be a fraction of the dense peak in (0, 1]"),
     ("base: h100-80gb\nattention_fraction: 0\n", "attention_fraction must be a fraction"),
