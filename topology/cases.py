@@ -158,7 +158,8 @@ def case_plans(case: dict) -> list[Plan]:
         for v in [case["vpp"]] if case["vpp"] else unpublished:
             plan = Plan(m, case["seq_len"], case["global_batch_seqs"], tp=case["tp"], cp=case["cp"],
                         pp=case["pp"], dp=case["dp"], vpp=v, micro_batch=mb, zero_stage=case["zero_stage"],
-                        recompute=case["recompute"] or "none", sequence_parallel=modern and case["tp"] > 1,
+                        recompute=case["recompute"] or "none",
+                        sequence_parallel=case.get("sequence_parallel", modern) and case["tp"] > 1,
                         precision=next((p for p in ("fp16", "fp8") if case["precision"].startswith(p)), "bf16"),
                         gpu=case["gpu"].lower(),
                         lighter_end_stages=case["pp"] > 1 and case["layers"] % case["pp"] != 0)

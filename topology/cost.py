@@ -355,6 +355,8 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
     if d == 1:
         return 0.0
     bw = dp_link_gbps(plan, gpu, sw)
+    overlap_reduce = sw.overlap_grad_reduce and not (
+        sw.grad_reduce_after_flush_with_pp and (plan.pp > 1 or plan.sequence_parallel))
     # one reduce-scatter and one all-gather call per gradient bucket
     # megatron-core's bucket grows with DP (DistributedDataParallelConfig: max(40M, 1M x dp))
     bucket = GRAD_BUCKET_NUMEL if sw.zero2_reduce_once else max(GRAD_BUCKET_NUMEL, 1_000_000 * d)
@@ -375,14 +377,14 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
         return max(t - behind, t * min(1.0, GRAD_BUCKET_NUMEL / n_params)) if on else t
 
     def reduced(t: float) -> float:  # issued from the last micro-batch's backward
-        return _with_contention(t, exposed(t, bwd_mb, sw.overlap_grad_reduce), gpu, nodes)
+        return _with_contention(t, exposed(t, bwd_mb, overlap_reduce), gpu, nodes)
 
     def gathered(t: float) -> float:  # issued after the step, behind the next step's first forward
         return _with_contention(t, exposed(t, fwd_mb, sw.overlap_param_gather), gpu, nodes)
 
     if plan.zero_stage == 3:  # gather for fwd and for bwd, reduce-scatter, every micro-batch
         per_mb = 2 * gather + grad
-        if not (sw.overlap_grad_reduce and sw.overlap_param_gather):
+        if not (overlap_reduce and sw.overlap_param_gather):
             return plan.grad_accum * per_mb
         # contention only beside compute, not beside the rank's NVLink TP collectives
         return plan.grad_accum * _with_contention(per_mb, max(0.0, per_mb - nic_free_mb), gpu, nodes,
@@ -400,7 +402,7 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
         # reductions outlast the time from the first pipeline rank's first backward to the end of
         # the step, and at least its last bucket.
         n = plan.grad_accum
-        if not sw.overlap_grad_reduce:  # every reduction exposed
+        if not overlap_reduce:  # every reduction exposed
             return n * grad + gathered(gather)
         window = max(bwd_mb, after_first_backward(n, nic_free_mb, fwd_mb, plan.pp, plan.vpp))
         shown = max(n * grad - window, exposed(grad, bwd_mb, True))

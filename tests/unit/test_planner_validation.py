@@ -86,6 +86,12 @@ _NEMO2403_LONG = ("predicted high by 19-25%: Llama 2 7B in FP8 on NeMo 24.03 at 
                   "in that release's ring (Transformer Engine 1.4-1.5 and its cuDNN), whose kernels no stored table "
                   "measures; docs/planner.md, what is missing")
 KNOWN_MISSES.update({f"nemo2403-llama2-7b-{k}-fp8": _NEMO2403_LONG for k in ("32k", "64k", "128k", "256k", "512k", "1m")})
+_BIGNLP_A100 = ("predicted high by 17-20% where the same release's other rows lean +6 to +15% (median +11.6%, "
+                "NeMo Megatron 2022 on DGX A100, a stack whose successors are predicted within a few percent on H100): "
+                "the 5B at TP8 PP4 on 32 GPUs, its smallest per-GPU GEMMs and 720 micro-batches through four stages, "
+                "and the 126M on 64 GPUs, one micro-batch of 8K tokens a step; docs/planner.md, what is missing")
+KNOWN_MISSES.update({run_id: _BIGNLP_A100 for run_id in (
+    "bignlp2208-gpt3-5b-tp8-pp4-32", "bignlp2208-gpt3-126m-tp1-pp1-64")})
 # Memory verdicts that do not match what happened, with what the memory model lacks for them.
 KNOWN_WRONG_MEMORY: dict[str, str] = {
     "bloom-sweep0228-206b-nh128-tp4-pp12-dp8-mb2": (
@@ -164,6 +170,7 @@ def test_memory_verdict_matches_what_happened(run):
         "fast as the best (docs/planner.md, what is missing)"))),
     "bloom-tr11-2022-02-21",
     "bloom-tr11-2022-02-28",
+    "bignlp-2208-gpt3-5b-32",
 ])
 def test_layouts_of_one_sweep_rank_as_measured(sweep):
     assert validation.summary().sweeps[sweep] >= 0.6
@@ -174,18 +181,20 @@ def test_issue_goal_median_error_within_10_percent():
     assert validation.summary().median_abs_error <= 0.10
 
 
-@pytest.mark.xfail(strict=True, reason="bias +5.7% over 193 runs: the FSDP rows (MosaicML, costed with the "
+@pytest.mark.xfail(strict=True, reason="bias +6.6% over 213 runs: the FSDP rows (MosaicML, costed with the "
                                        "pytorch-fsdp profiles) lean +9%, torchtitan's FSDP2 rows on A100 +14%, "
-                                       "the DeepSpeed pipeline engine's A100 runs +8.5% (BigScience) to +29% (MT-NLG) "
-                                       "and NeMo 24.03's long-sequence H100 rows +10 to +25% "
+                                       "the DeepSpeed pipeline engine's A100 runs +8.5% (BigScience) to +29% (MT-NLG), "
+                                       "NeMo Megatron's 2022 A100 runs +12% and NeMo 24.03's long-sequence H100 rows "
+                                       "+10 to +25% "
                                        "(docs/planner.md, what is missing)")
 def test_issue_goal_bias_within_5_percent():
     assert abs(validation.summary().signed_bias) <= 0.05
 
 
-@pytest.mark.xfail(strict=True, reason="the A100 rows lean +9.0% (80GB) and +11.2% (40GB): the 2021-22 stacks "
+@pytest.mark.xfail(strict=True, reason="the A100 rows lean +10.8% (80GB) and +11.2% (40GB): the 2021-22 stacks "
                                        "(Narayanan et al., BLOOM and its sweep: the sweep's TP=8 rows predicted fast "
-                                       "inside a node), the MosaicML FSDP rows and torchtitan's FSDP2 rows "
+                                       "inside a node; NeMo Megatron 2022, one node without DP too), the MosaicML "
+                                       "FSDP rows and torchtitan's FSDP2 rows "
                                        "(docs/planner.md, what is missing)")
 def test_each_gpu_alone_meets_the_bias_goal():
     assert all(abs(bias) <= 0.05 for _, _, bias in validation.summary().by_gpu.values())
@@ -293,7 +302,9 @@ def test_the_readme_quotes_the_current_validation():
     for quoted in (f"over {s.timed} published runs", f"median |error| {s.median_abs_error:.1%}",
                    f"lean {s.signed_bias:+.1%} high", f"{s.memory_right} of {s.memory_checked} memory verdicts right",
                    f"Spearman {s.sweeps['bloom-tr11-2022-02-21']:.3f}, {s.sweeps['bloom-tr11-2022-02-25']:.3f} and "
-                   f"{s.sweeps['bloom-tr11-2022-02-28']:.3f}",
+                   f"{s.sweeps['bloom-tr11-2022-02-28']:.3f}, NeMo Megatron's nine of GPT-3 5B at "
+                   f"{s.sweeps['bignlp-2208-gpt3-5b-32']:.3f}",
+                   f"NeMo Megatron's own 2022 runs there too, {s.by_stack['NeMo Megatron 2022 (NVIDIA)'][2]:+.0%})",
                    f"{s.by_gpu['h100-80gb'][2]:+.1%} on H100, {s.by_gpu['a100-80gb'][2]:+.1%} on A100 80GB and "
                    f"{s.by_gpu['a100-40gb'][2]:+.1%} on A100 40GB",
                    f"{s.by_gpu['b200-180gb'][2]:+.1%} on B200 ({s.by_gpu['b200-180gb'][0]} runs, 8K to 1M tokens)",

@@ -41,6 +41,19 @@ MEGATRON_2021 = Software(name="megatron-lm-2021", label="Megatron-LM 2021", sequ
 MEGATRON_2022 = replace(MEGATRON_2021, name="megatron-lm-2022", label="Megatron-LM 2022", sequence_parallel=True,
                         recompute_modes=("none", "selective", "full"), zero_stages=(0, 1), tp_bwd_overlap=True,
                         grad_accum_bytes_per_param=0)
+# NeMo Megatron 2022 (NVIDIA's BigNLP containers 22.06-22.08, NeMo 1.11, NeMo-Framework-Launcher's GPT-3 recipes of
+# August 2022): the same Megatron layers through apex.transformer, bf16 with megatron_amp_O2 (fp32 master weights
+# and an fp32 main_grad that gradient_accumulation_fusion accumulates into, all-reduced in fp32 over DP), apex
+# FusedAdam without ZeRO, no interleaved schedule (forward_backward_pipelining_without_interleaving). Without
+# pipeline parallelism the main grads are all-reduced during the last micro-batch's backward (the optimizer
+# wrapper's no_sync), with it or with sequence parallelism after the flush (MegatronGPTModel.training_step, NeMo
+# v1.11.0: Software.grad_reduce_after_flush_with_pp). Its weights and fp32 main grads live in buffers allocated once
+# (gradient_as_bucket_view, O2's contiguous main_grad), not the per-tensor gradients of the 2021 code whose
+# reserve was measured (MEGATRON_2021_RESERVE): the caching allocator's reserve is the planner's default
+# assumption (memory.FRAGMENTATION of what each micro-batch allocates and frees).
+NEMO_MEGATRON_2022 = replace(MEGATRON_2022, name="nemo-megatron-2022", label="NeMo Megatron 2022 (apex O2, FusedAdam)",
+                             fp32_grads=True, interleaved_pipeline=False, allocator_reserve=None,
+                             overlap_grad_reduce=True, grad_reduce_after_flush_with_pp=True)
 # The same code with --DDP-impl torch (examples/sc21/run_table_1.sh for the 1.7B-18B rows of
 # Narayanan et al.'s Table 1): torch's DistributedDataParallel all-reduces the fp16 gradients in
 # buckets as the last micro-batch's backward produces them (megatron's schedules run the others

@@ -74,6 +74,10 @@ class Software:
     # and hidden behind it up to that backward's length (megatron-core overlap_grad_reduce;
     # hybridpar/zero/grad_sync.py). False: it runs after the backward, exposed.
     overlap_grad_reduce: bool = True
+    # With pipeline or sequence parallelism the reduction waits for the pipeline flush whatever
+    # overlap_grad_reduce says (NeMo 1.11's MegatronGPTModel.training_step: O2's no_sync hooks overlap it only
+    # without either; with them it all-reduces the main grads after the flush).
+    grad_reduce_after_flush_with_pp: bool = False
     # ZeRO's all-gather of the updated 16-bit weights overlaps the next step's first forward, all
     # but its first bucket (megatron-core overlap_param_gather; hybridpar/zero/param_gather.py). False:
     # it runs inside the optimizer step, exposed.
