@@ -143,6 +143,36 @@ def test_yaml_merge_keys_may_be_overridden_but_a_key_never_given_twice():
         _load_yaml(text + "  layers: 16\n")
 
 
+def test_nemo_megatrons_2022_runs_evaluate_from_the_command_line(capsys, tmp_path):
+    """Each NeMo Megatron 2022 run (validation_runs.json, bignlp2208-*) pinned on the command line under
+    --software nemo-megatron-2022, with --no-sequence-parallel where its recipe had sequence parallelism off,
+    gives exactly the step time the validation costs it at."""
+    from hybridpar.topology.cases import VALIDATION_PATH, load_cases, predict_case
+
+    runs = [c for c in load_cases(VALIDATION_PATH) if c["id"].startswith("bignlp2208-")]
+    assert len(runs) == 20
+    for case in runs:
+        model = tmp_path / f"{case['id']}.json"
+        model.write_text(json.dumps({k: case[k] for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads",
+                                                           "vocab", "mlp", "tied_embeddings")} | {"name": case["id"]}))
+        argv = ["--model", str(model), "--gpus", str(case["num_gpus"]), "--gpu", "a100-80gb", "--seq-len", "2048",
+                "--global-batch", str(case["global_batch_seqs"]), "--software", "nemo-megatron-2022", "--json"]
+        for flag in ("tp", "pp", "cp", "dp", "micro_batch", "vpp", "zero_stage", "recompute"):
+            argv += [f"--{flag.replace('_stage', '').replace('_', '-')}", str(case[flag])]
+        if not case["sequence_parallel"]:
+            argv.append("--no-sequence-parallel")
+        code, out, err = run(argv, capsys)
+        assert code == 0, err
+        (plan,) = json.loads(out)["plans"]
+        assert plan["step_time_s"] == pytest.approx(predict_case(case).cost.step_time_s, rel=1e-4, abs=5e-5), case["id"]  # 4 places
+
+
+def test_no_sequence_parallel_and_tp_comm_overlap_refuse_each_other(capsys):
+    code, out, err = run(["--model", "llama3-8b", "--gpus", "8", "--software", "megatron-core", "--tp-comm-overlap",
+                          "--no-sequence-parallel"], capsys)
+    assert code == 2 and out == "" and "cannot go with --no-sequence-parallel" in err and len(err.splitlines()) == 1
+
+
 def test_published_layouts_evaluate_from_the_command_line_with_their_software(capsys, tmp_path):
     """A user can ask the CLI what a published pre-2022 layout does on the stack it ran on: the
     Narayanan et al. 2021 runs under --software megatron-lm-2021 (no sequence parallelism, no

@@ -88,6 +88,10 @@ def add_arguments(p):
                    help="cost the plan for a run that overlaps the sequence-parallel TP collectives with the GEMMs "
                    "through Transformer Engine's userbuffers (megatron-core --tp-comm-overlap, NeMo's "
                    "ub_tp_comm_overlap); TP inside a node")
+    p.add_argument("--no-sequence-parallel", action="store_true",
+                   help="cost the plan for a run with sequence parallelism off where the software has it (Megatron "
+                   "without --sequence-parallel, NeMo's sequence_parallel: false): TP all-reduces, and the norms, "
+                   "dropout and activations kept whole on every TP rank")
     p.add_argument("--headroom", type=float, default=0.0, metavar="PERCENT",
                    help="share of each GPU's memory a plan must leave free, in percent (default 0; recipes use 10)")
     p.add_argument("--tolerate-replica-loss", action="store_true",
@@ -154,6 +158,11 @@ def build_request(args) -> tuple[Request, int]:
         software = replace(software, attention_kernel=args.attention_kernel)
     if getattr(args, "cross_entropy", None):
         software = replace(software, cross_entropy=args.cross_entropy)
+    if getattr(args, "no_sequence_parallel", False):
+        if getattr(args, "tp_comm_overlap", False):
+            raise UsageError("--tp-comm-overlap overlaps the sequence-parallel TP collectives: it cannot go with "
+                             "--no-sequence-parallel; drop one of them")
+        software = replace(software, sequence_parallel=False)
     if getattr(args, "tp_comm_overlap", False):
         if software.name == "hybridpar":
             raise UsageError("--tp-comm-overlap: hybridpar's runtime does not set up Transformer Engine's userbuffers; "
