@@ -25,9 +25,10 @@ from .flops import causal_attention_flops, model_flops_per_seq
 from .fp8 import (AMAX_BYTES, CURRENT, CURRENT_SCALING_KERNELS, GATHER_SHARE, TRANSFORMER_ENGINE, amax_reductions,
                   current_scaling_bytes, layer_cast_bytes, layer_cast_kernels)
 from .hardware import GPU, get_gpu
-from .kernels import (ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES,
-                      SWIGLU_UNFUSED_HBM, SWIGLU_UNFUSED_PASSES, attention_shape_factor, gemm_fwd_bwd, gemm_time,
-                      hbm_time, kernel_bound, unfused_time)
+from .kernels import (FLASH_BACKWARD_RATIO, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES,
+                      SWIGLU_UNFUSED_HBM, SWIGLU_UNFUSED_PASSES, attention_kernel_slowdown, attention_shape_factor, gemm_fwd_bwd,
+                      gemm_time,
+                      hbm_time, kernel_bound, unfused_attention_core, unfused_attention_slowdown, unfused_time)
 from .links import (allreduce_time, collective_time, dp_link_gbps, dp_ranks_per_node, group_nodes, link_time,
                     nccl_latency, nccl_sm_share, pp_crosses_nodes, sm_contention)
 from .models import ModelSpec
@@ -124,15 +125,17 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
                     * attention_shape_factor(seq // cp, d, gpu.attention_curve))
         af = causal_attention_flops(mb, s_loc, seq, heads, d) / (peak16 * fraction)
         ab = FLASH_BACKWARD_RATIO * af
-        slow_f, slow_b = ATTENTION_KERNEL_SLOWDOWN[sw.attention_kernel]
-        af, ab = af * slow_f, ab * slow_b
+        slowdown = attention_kernel_slowdown(sw.attention_kernel, seq // cp, d)
+        af, ab = af * slowdown, ab * slowdown
     else:
-        qk_f, qk_b = gemm_fwd_bwd(s_loc, d, seq, gpu, peak16, mb * heads)
-        av_f, av_b = gemm_fwd_bwd(s_loc, seq, d, gpu, peak16, mb * heads)
+        # the GEMMs and softmax at the measured shortfall of their roofline (kernels.unfused_attention_slowdown);
+        # dropout on the probabilities: a mask byte and the 16-bit result, read again backward
+        core_f, core_b = unfused_attention_core(s_loc, seq, d, mb * heads, gpu)
+        slowdown = unfused_attention_slowdown(gpu, seq, d)
         scores = mb * heads * s_loc * seq
         drop_f, drop_b = (5, 5) if sw.dropout else (0, 0)
-        af = qk_f + av_f + hbm_time(scores * (4 + drop_f), gpu)
-        ab = qk_b + av_b + hbm_time(scores * (6 + drop_b), gpu)
+        af = core_f * slowdown + hbm_time(scores * drop_f, gpu)
+        ab = core_b * slowdown + hbm_time(scores * drop_b, gpu)
     fwd, bwd = fwd + af, bwd + ab
     before_elementwise = fwd
     # Norms (2 x read+write h) and residual adds (2 x 2 reads + 1 write), 2 bytes each, split

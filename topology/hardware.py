@@ -9,7 +9,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .attention_tables import ATTENTION_TABLES, reference_rate
+from .attention_tables import ATTENTION_TABLES, UNFUSED_TABLES, reference_rate
 from .collectives import TABLES
 from .spec_files import names_a_file, read_mapping
 
@@ -72,6 +72,10 @@ class GPU:
     # enters and leaves each node over one NIC per ring whatever the ring's members there (measured on that
     # cluster). None: a ring's channels spread over the NICs of its members on the node (links.dp_link_gbps).
     network_ring_gbps: float | None = None
+    # A measured table of unfused attention (scores in HBM) on this GPU (attention_tables.UNFUSED_TABLES): how much
+    # slower than its roofline a stack without FlashAttention runs it (kernels.unfused_attention_slowdown). None: the
+    # roofline.
+    unfused_attention: str | None = None
 
     def gemm_fraction_for(self, operand_bytes: int) -> float:
         """The MAMF fraction of a GEMM whose operands take ``operand_bytes`` (1: fp8)."""
@@ -101,14 +105,17 @@ class GPU:
 # measurement is stored for A100; one A100 looping an 8192^3 bf16 matmul on random inputs holds 257
 # TFLOP/s, 295 on zeros, i.e. it is power-limited at 400 W (Horace He, "Strangely, Matrix
 # Multiplications on GPUs Run Faster When Given 'Predictable' Data", 2024) [S]: 257 / 267.9 = 0.959,
-# an upper bound for a busy node. FlashAttention-2 on A100:
-# 50-73% of peak forward, lower backward (Dao 2023, abstract) [S]: 0.55 fwd+bwd assumed. Host link:
+# an upper bound for a busy node. Attention: FlashAttention-2's measured rate on one A100 80GB SXM4, causal,
+# forward and backward (attention_tables "a100-fa2") [S]: 0.583 of peak at 8K, 0.497 at 2K. Host link:
 # PCIe Gen4 x16, 64 GB/s bidirectional = 32 per direction (A100 datasheet) [S].
 # All-reduce inside a node over all 8 GPUs: nccl-tests on one 8 x A100-SXM4-40GB NVSwitch node
 # (topology/collectives.py) [S]; other groups and operations keep the model.
+_A100_ATTENTION = "a100-fa2"
 _A100 = dict(bf16_tflops=312.0, fp8_tflops=None, nvlink_gbps=300.0, network_gbps=25.0,
-             gpus_per_node=8, sms=108, gemm_fraction=0.859, attention_fraction=0.55, host_link_gbps=32.0,
-             sustained_clock=round(257 / 267.9, 3), nvlink_collectives="a100-nvlink3")
+             gpus_per_node=8, sms=108, gemm_fraction=0.859,
+             attention_fraction=round(reference_rate(_A100_ATTENTION), 3), host_link_gbps=32.0,
+             sustained_clock=round(257 / 267.9, 3), nvlink_collectives="a100-nvlink3", attention_curve=_A100_ATTENTION,
+             unfused_attention="a100-pytorch")
 
 # H100 SXM: 989 dense bf16, 1979 dense fp8; 80 GB HBM3 at 3.35 TB/s; NVLink 4 900 GB/s per GPU
 # bidirectional; 8 x 400 Gb/s compute NICs per node = 50 GB/s per GPU (NVIDIA dgxc-benchmarking
@@ -135,7 +142,7 @@ _A100 = dict(bf16_tflops=312.0, fp8_tflops=None, nvlink_gbps=300.0, network_gbps
 _H100 = dict(bf16_tflops=989.0, fp8_tflops=1979.0, nvlink_gbps=450.0, network_gbps=50.0,
              gpus_per_node=8, sms=132, gemm_fraction=0.801, attention_fraction=0.5, host_link_gbps=64.0,
              sustained_clock=round(698.6 / 823.9, 3), nvlink_collectives="h100-nvlink4",
-             fp8_gemm_fraction=round(1402.6 / 1979, 3))
+             fp8_gemm_fraction=round(1402.6 / 1979, 3), unfused_attention="h100-pytorch")
 
 # B200 (HGX, 1,000 W): 2,250 dense bf16, 4,500 dense fp8 TFLOP/s; HBM3e at 8 TB/s; NVLink 5
 # 1.8 TB/s per GPU bidirectional = 900 per direction (glennklockwood.com B200 notes; Vultr HGX B200
@@ -238,6 +245,7 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
     values.setdefault("attention_curve", None)
     values.setdefault("fp8_transposes", True)
     values.setdefault("network_ring_gbps", None)
+    values.setdefault("unfused_attention", None)
     missing = [k for k in _GPU_FIELDS if k not in values]
     if missing:
         raise HardwareError(f"{source}: missing GPU key(s) {', '.join(missing)} (or name a catalogue GPU as base)")
@@ -247,6 +255,11 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
                 raise HardwareError(f"{source}: name must be a non-empty string, got {value!r}")
             continue
         if key in ("fp8_tflops", "fp8_gemm_fraction", "network_ring_gbps") and value is None:
+            continue
+        if key == "unfused_attention":
+            if value is not None and not (isinstance(value, str) and value in UNFUSED_TABLES):
+                raise HardwareError(f"{source}: unfused_attention must name a measured table of unfused attention "
+                                    f"({', '.join(UNFUSED_TABLES)}) or be null, got {value!r}")
             continue
         if key == "fp8_transposes":
             if not isinstance(value, bool):

@@ -10,7 +10,7 @@
 * Attention core: FlashAttention at hardware.GPU.attention_fraction of peak, scaled by sequence length
   and head dimension (attention_shape_factor; a measured curve where the GPU has one); backward
   FLASH_BACKWARD_RATIO x the forward's FLOPs; other kernels at their measured slowdown
-  (ATTENTION_KERNEL_SLOWDOWN).
+  (attention_kernel_slowdown).
 * Memory-bound work (norms, residual adds, activation functions, the loss): bytes over
   HBM_EFFICIENCY x peak HBM bandwidth; unfused RoPE and SwiGLU op by op at their kernels' measured
   rate (unfused_time).
@@ -19,9 +19,12 @@
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from math import ceil, log2
 
-from .attention_tables import FLASH_BACKWARD_RATIO, REFERENCE_SEQ, attention_curve
+from dataclasses import replace
+
+from .attention_tables import ATTENTION_TABLES, FLASH_BACKWARD_RATIO, REFERENCE_SEQ, attention_curve, head64_curve
 from .hardware import GPU
 from .interpolation import between
 
@@ -54,11 +57,14 @@ SPLIT_K_MIN = 1024
 ATTN_SHORT_SEQ = 256
 ATTN_HEAD64 = 0.85
 
-# Other attention kernels' forward and backward time over FlashAttention-2's for the same work:
-# FlashAttention-2 "is around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and
-# around 2x faster in the backward pass" (Dao 2023, "FlashAttention-2", §4.1, measured on A100;
-# the middle of the forward's range taken, and assumed to hold on H100).
-ATTENTION_KERNEL_SLOWDOWN = {"flash2": (1.0, 1.0), "triton": (1.4, 2.0)}
+# Other attention kernels' time over FlashAttention-2's for the same work, by sequence length and head dimension:
+# the ratio of two measured A100 rates (attention_tables), forward and backward alike (the table times them
+# together), assumed on the other GPUs. "triton", MosaicML's attn_impl: triton, is HazyResearch's FlashAttention in
+# Triton (llm-foundry's llmfoundry/models/layers/flash_attn_triton.py), whose own docstring finds it "slightly
+# slower than CUDA forward + backward" overall, the CUDA version being FlashAttention 1.x: costed at FlashAttention
+# 1.x's measured rate ("a100-fa1"), 2.25x FlashAttention-2's time at 2K and head dimension 128, 1.82x at 64.
+FLASH2_TABLE = "a100-fa2"
+ATTENTION_KERNEL_TABLES = {"flash2": None, "triton": "a100-fa1"}
 # Unfused RoPE and SwiGLU as megatron-core 0.16.1 runs them without fusion: elements read plus written per
 # element of their input (RoPE: of Q and K; SwiGLU: of the activated width F), forward and backward, counted
 # by hybridpar's TrafficCounter (hybridpar/observe/step_bytes.py; tests/unit/test_bench_layer_kernels.py). RoPE
@@ -180,10 +186,81 @@ def attention_shape_factor(seq: int, head_dim: int, curve: str | None = None) ->
     the ends) over its rate at 8K instead of the amortisation."""
     if curve is None:
         amortised = min(1.0, (seq / (seq + ATTN_SHORT_SEQ)) / (REFERENCE_SEQ / (REFERENCE_SEQ + ATTN_SHORT_SEQ)))
-    else:
-        amortised = _on_curve(attention_curve(curve), seq) / _on_curve(attention_curve(curve), REFERENCE_SEQ)
-    head = 1.0 if head_dim >= 128 else max(ATTN_HEAD64, ATTN_HEAD64 + (1 - ATTN_HEAD64) * log2(head_dim / 64))
-    return amortised * head
+        head = 1.0 if head_dim >= 128 else max(ATTN_HEAD64, ATTN_HEAD64 + (1 - ATTN_HEAD64) * log2(head_dim / 64))
+        return amortised * head
+    reference = _on_curve(attention_curve(curve), REFERENCE_SEQ)
+    if head64_curve(curve) is None:
+        head = 1.0 if head_dim >= 128 else max(ATTN_HEAD64, ATTN_HEAD64 + (1 - ATTN_HEAD64) * log2(head_dim / 64))
+        return _on_curve(attention_curve(curve), seq) / reference * head
+    return measured_attention_rate(curve, seq, head_dim) / reference
+
+
+def measured_attention_rate(table: str, seq: int, head_dim: int) -> float:
+    """A measured table's fraction of the dense peak at this sequence length (log-linear between its lengths,
+    held beyond the ends) and head dimension (log-linear between its 64 and 128, held outside them)."""
+    at128 = _on_curve(attention_curve(table), seq)
+    at64 = head64_curve(table)
+    if at64 is None or head_dim >= 128:
+        return at128
+    share = max(0.0, log2(head_dim / 64))
+    return _on_curve(at64, seq) + (at128 - _on_curve(at64, seq)) * share
+
+
+def attention_kernel_slowdown(kernel: str, seq: int, head_dim: int) -> float:
+    """An attention kernel's time over FlashAttention-2's for the same work (ATTENTION_KERNEL_TABLES)."""
+    table = ATTENTION_KERNEL_TABLES[kernel]
+    if table is None:
+        return 1.0
+    return measured_attention_rate(FLASH2_TABLE, seq, head_dim) / measured_attention_rate(table, seq, head_dim)
+
+
+# Unfused attention's causal mask as PyTorch's standard attention adds it (the measured tables' own
+# operations): one more pass over the scores, read and written in 16 bits, that Megatron's fused softmax folds in.
+UNFUSED_MASK_BYTES = 4
+# Unfused attention's softmax over the 16-bit scores: read and written forward; backward reads its output and the
+# incoming gradient and writes the gradient.
+UNFUSED_SOFTMAX_BYTES = (4, 6)
+
+
+def unfused_attention_core(seq_q: int, seq_k: int, head_dim: int, batch: int, gpu: GPU) -> tuple[float, float]:
+    """(forward, backward) seconds of attention with its scores in HBM, op by op: the two batched GEMMs
+    (Q K^T, then the probabilities times V) and the softmax's bytes between them, on ``batch`` heads x sequences."""
+    peak = gpu.bf16_tflops * 1e12
+    qk_f, qk_b = gemm_fwd_bwd(seq_q, head_dim, seq_k, gpu, peak, batch)
+    av_f, av_b = gemm_fwd_bwd(seq_q, seq_k, head_dim, gpu, peak, batch)
+    scores = batch * seq_q * seq_k
+    return (qk_f + av_f + hbm_time(scores * UNFUSED_SOFTMAX_BYTES[0], gpu),
+            qk_b + av_b + hbm_time(scores * UNFUSED_SOFTMAX_BYTES[1], gpu))
+
+
+@lru_cache(maxsize=None)
+def _unfused_ratios(gpu: GPU, head_dim: int) -> tuple[tuple[int, float], ...]:
+    """Measured over modelled time of the table's unfused attention at each of its sequence lengths (the
+    benchmark's setup: hidden 2,048, batch x sequence 16K, the mask in its own pass), burst clocks both."""
+    table = ATTENTION_TABLES[gpu.unfused_attention]
+    burst = replace(gpu, sustained_clock=1.0)
+    points = table["tflops"] if head_dim == 128 else table["head64_tflops"]
+    ratios = []
+    for seq, tflops in points:
+        batch = (16384 // seq) * (2048 // head_dim)
+        fwd, bwd = unfused_attention_core(seq, seq, head_dim, batch, burst)
+        modelled = fwd + bwd + hbm_time(batch * seq * seq * UNFUSED_MASK_BYTES, burst)
+        measured = (1 + FLASH_BACKWARD_RATIO) * 4 * batch * seq * seq * head_dim / 2 / (tflops * 1e12)
+        ratios.append((seq, measured / modelled))
+    return tuple(ratios)
+
+
+def unfused_attention_slowdown(gpu: GPU, seq: int, head_dim: int) -> float:
+    """How much longer unfused attention takes than unfused_attention_core's roofline, on a GPU with a measured
+    table (hardware.GPU.unfused_attention): the table's ratio at this sequence length (log-linear between its
+    lengths, held beyond) and head dimension (log-linear between 64 and 128, held outside). 1 without a table."""
+    if gpu.unfused_attention is None:
+        return 1.0
+    at128 = _on_curve(_unfused_ratios(gpu, 128), seq)
+    if head_dim >= 128:
+        return at128
+    at64 = _on_curve(_unfused_ratios(gpu, 64), seq)
+    return at64 + (at128 - at64) * max(0.0, log2(head_dim / 64))
 
 
 def _on_curve(points: tuple[tuple[int, float], ...], seq: int) -> float:
