@@ -18,13 +18,12 @@ fwd_time_ms and bwd_time_ms [S, measured kernel table]: 0.57 of the dense peak a
 It postdates every validated Hopper run (2021-2025 kernels), which keep the catalogue's assumed rate; a GPU file
 names it to plan for that release of cuDNN.
 
-"a100-fa2" and "a100-fa1": FlashAttention-2 (its 2.0 release) and FlashAttention (1.x, CUDA) on one A100 80GB SXM4,
-fp16, causal, hidden 2,048 (16 heads of 128, or 32 of 64), batch x sequence 16K, forward and backward together in
+"a100-fa2": FlashAttention-2 (its 2.0 release) on one A100 80GB SXM4, fp16, causal, hidden 2,048 (16 heads of 128, or 32 of 64), batch x sequence 16K, forward and backward together in
 the planner's count (4 b s^2 h d / 2 forward, 2.5x that backward: the benchmark's own `flops`):
 Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png at 4f285b35 ("FlashAttention-2 release"),
 panels (c) and (d), the setup in that commit's README ("Performance", A100) and the script that measures these
-methods, benchmarks/benchmark_flash_attention.py at 60499abc [S, measured kernel table]. Each gives TFLOP/s at head
-dimension 128 and 64.
+methods, benchmarks/benchmark_flash_attention.py at 60499abc [S, measured kernel table]: TFLOP/s at head dimension
+128 and 64.
 
 "a100-pytorch" and "h100-pytorch": the same figure's "Pytorch" bars and those of its H100 80GB SXM5 twin
 (assets/flash2_h100_fwd_bwd_benchmark.png, same commit, same panels): PyTorch's standard attention, the scores
@@ -61,9 +60,6 @@ ATTENTION_TABLES: dict[str, dict] = {
     "h100-pytorch": dict(peak_tflops=989.0, head_dim=128, unfused=True, tflops=(
         (512, 40.0), (1024, 50.0), (2048, 57.0), (4096, 61.0), (8192, 63.0)), head64_tflops=(
         (512, 26.0), (1024, 29.0), (2048, 31.0), (4096, 32.0), (8192, 32.0))),
-    "a100-fa1": dict(peak_tflops=312.0, head_dim=128, tflops=(
-        (512, 55.0), (1024, 62.0), (2048, 69.0), (4096, 76.0), (8192, 80.0), (16384, 83.0)), head64_tflops=(
-        (512, 58.0), (1024, 70.0), (2048, 77.0), (4096, 87.0), (8192, 92.0), (16384, 97.0))),
 }
 
 
@@ -95,3 +91,4 @@ def head64_curve(name: str) -> tuple[tuple[int, float], ...] | None:
 
 
 UNFUSED_TABLES = tuple(name for name, table in ATTENTION_TABLES.items() if table.get("unfused"))
+FLASH_TABLES = tuple(name for name in ATTENTION_TABLES if name not in UNFUSED_TABLES)

@@ -25,8 +25,8 @@ from .flops import causal_attention_flops, model_flops_per_seq
 from .fp8 import (AMAX_BYTES, CURRENT, CURRENT_SCALING_KERNELS, GATHER_SHARE, TRANSFORMER_ENGINE, amax_reductions,
                   current_scaling_bytes, layer_cast_bytes, layer_cast_kernels)
 from .hardware import GPU, get_gpu
-from .kernels import (FLASH_BACKWARD_RATIO, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES,
-                      SWIGLU_UNFUSED_HBM, SWIGLU_UNFUSED_PASSES, attention_kernel_slowdown, attention_shape_factor, gemm_fwd_bwd,
+from .kernels import (ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES,
+                      SWIGLU_UNFUSED_HBM, SWIGLU_UNFUSED_PASSES, attention_shape_factor, gemm_fwd_bwd,
                       gemm_time,
                       hbm_time, kernel_bound, unfused_attention_core, unfused_attention_slowdown, unfused_time)
 from .links import (allreduce_time, collective_time, dp_link_gbps, dp_ranks_per_node, group_nodes, link_time,
@@ -125,8 +125,8 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
                     * attention_shape_factor(seq // cp, d, gpu.attention_curve))
         af = causal_attention_flops(mb, s_loc, seq, heads, d) / (peak16 * fraction)
         ab = FLASH_BACKWARD_RATIO * af
-        slowdown = attention_kernel_slowdown(sw.attention_kernel, seq // cp, d)
-        af, ab = af * slowdown, ab * slowdown
+        slow_f, slow_b = ATTENTION_KERNEL_SLOWDOWN[sw.attention_kernel]
+        af, ab = af * slow_f, ab * slow_b
     else:
         # the GEMMs and softmax at the measured shortfall of their roofline (kernels.unfused_attention_slowdown);
         # dropout on the probabilities: a mask byte and the 16-bit result, read again backward

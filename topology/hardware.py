@@ -9,7 +9,7 @@ import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from .attention_tables import ATTENTION_TABLES, UNFUSED_TABLES, reference_rate
+from .attention_tables import FLASH_TABLES, UNFUSED_TABLES, reference_rate
 from .collectives import TABLES
 from .spec_files import names_a_file, read_mapping
 
@@ -64,7 +64,7 @@ class GPU:
     # scaling "Transpose handling"; TE 2.2 quantizer.cpp: create_transpose = columnwise_usage &&
     # !non_tn_fp8_gemm_supported()) [V]. topology/fp8.py counts the casts either way.
     fp8_transposes: bool = True
-    # A measured attention kernel's rate by sequence length (a key of attention_tables.ATTENTION_TABLES):
+    # A measured attention kernel's rate by sequence length (a key of attention_tables.FLASH_TABLES):
     # how attention_fraction, its rate at 8K, changes with the sequence (kernels.attention_shape_factor).
     # None: FlashAttention's amortisation of its per-block cost.
     attention_curve: str | None = None
@@ -267,9 +267,9 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
                                     f"copies) or false (Blackwell), got {value!r}")
             continue
         if key == "attention_curve":
-            if value is not None and not (isinstance(value, str) and value in ATTENTION_TABLES):
+            if value is not None and not (isinstance(value, str) and value in FLASH_TABLES):
                 raise HardwareError(f"{source}: attention_curve must name a measured table "
-                                    f"({', '.join(ATTENTION_TABLES)}) or be null, got {value!r}")
+                                    f"({', '.join(FLASH_TABLES)}) or be null, got {value!r}")
             continue
         if key == "nvlink_collectives":
             if value is not None and not (isinstance(value, str) and value in TABLES):

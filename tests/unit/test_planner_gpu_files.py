@@ -78,6 +78,9 @@ def test_a_ring_cap_in_a_gpu_file_slows_only_rings_with_several_members_on_a_nod
     ("base: h100-80gb\nclock_mhz: 1980\n", "unknown GPU key(s) clock_mhz"),
     ("base: b200-180gb\nattention_curve: h100-fa3\n", "attention_curve must name a measured table"),
     ("base: h100-80gb\nattention_curve: [a]\n", "attention_curve must name a measured table"),
+    ("base: h100-80gb\nattention_curve: a100-pytorch\n", "attention_curve must name a measured table"),
+    ("base: b200-180gb\nunfused_attention: a100-fa2\n", "unfused_attention must name a measured table of unfused"),
+    ("base: b200-180gb\nunfused_attention: 1.5\n", "unfused_attention must name a measured table of unfused"),
     ("base: h100-80gb\nnvlink_collectives: {a: 1}\n", "nvlink_collectives must name a measured table"),
     ("base: x100\n", "unknown GPU 'x100'"),
     ("bf16_tflops: 2250\nmemory_gib: 180\n", "missing GPU key(s)"),
@@ -123,3 +126,21 @@ def test_readme_figures_for_a_measured_h100_and_for_b200(tmp_path, capsys):
     (lo, hi), (mlo, mhi) = catalogue["step_time_s_range"], catalogue["mfu_range"]
     quoted = f"6.62 s ({lo:.2f}-{hi:.2f} s), {catalogue['mfu']:.0%} MFU ({mlo * 100:.0f}-{mhi * 100:.0f}%)"
     assert quoted in (REPO / "README.md").read_text(), quoted
+
+
+def test_a_gpu_file_names_the_unfused_attention_table_it_was_measured_with(tmp_path):
+    """A B200 file naming H100's unfused-attention table costs a stack without FlashAttention at that table's
+    measured shortfall; the catalogue B200 has no table (its roofline), A100 and H100 theirs, and a file with
+    unfused_attention: null drops the base's."""
+    from hybridpar.topology.hardware import load_gpu
+    from hybridpar.topology.kernels import unfused_attention_slowdown
+
+    named, dropped = tmp_path / "named.yaml", tmp_path / "dropped.yaml"
+    named.write_text("base: b200-180gb\nunfused_attention: h100-pytorch\n")
+    dropped.write_text("base: a100-80gb\nunfused_attention: null\n")
+    assert load_gpu("b200-180gb").unfused_attention is None
+    assert (load_gpu("a100-40gb").unfused_attention, load_gpu("h200-141gb").unfused_attention) == (
+        "a100-pytorch", "h100-pytorch")
+    assert unfused_attention_slowdown(load_gpu(str(named)), 2048, 128) > 1.3
+    assert load_gpu(str(dropped)).unfused_attention is None
+    assert unfused_attention_slowdown(load_gpu(str(dropped)), 2048, 128) == 1.0

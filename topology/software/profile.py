@@ -118,7 +118,7 @@ class Software:
     attention_fraction: float | None = None
     # The attention kernel: "flash2" (FlashAttention-2 or a kernel as fast, which attention_fraction
     # describes) or "triton" (FlashAttention in Triton, flash-attn's flash_attn_triton.py, which
-    # MosaicML's llm-foundry ran as attn_impl: triton); kernels.attention_kernel_slowdown says how much slower.
+    # MosaicML's llm-foundry ran as attn_impl: triton); kernels.ATTENTION_KERNEL_SLOWDOWN says how much slower.
     attention_kernel: str = "flash2"
     # The cross-entropy over the vocabulary on the last stage, a key of CROSS_ENTROPY_KERNELS: what it
     # reads and writes in HBM and what it holds at its peak.

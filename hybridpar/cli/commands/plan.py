@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hybridpar.topology.fp8 import FP8_SCALINGS
-from hybridpar.topology.kernels import ATTENTION_KERNEL_TABLES
+from hybridpar.topology.kernels import ATTENTION_KERNEL_SLOWDOWN
 from hybridpar.topology.hardware import CATALOGUE, GIB, HardwareError, load_gpu
 from hybridpar.topology.memory import PARTS, TIGHT_MARGIN
 from hybridpar.topology.models import load_model
@@ -67,7 +67,7 @@ def add_arguments(p):
     p.add_argument("--cuda-launch-blocking", action="store_true",
                    help="cost the plan for a run with CUDA_LAUNCH_BLOCKING=1, where the host waits for every kernel "
                    "(BigScience trained BLOOM so, to avoid NCCL hangs)")
-    p.add_argument("--attention-kernel", choices=sorted(ATTENTION_KERNEL_TABLES), default=None,
+    p.add_argument("--attention-kernel", choices=sorted(ATTENTION_KERNEL_SLOWDOWN), default=None,
                    help="the attention kernel the run uses (default: the software's, FlashAttention-2-class; "
                    "triton: FlashAttention in Triton, as MosaicML's llm-foundry ran it, 1.4x slower forward and 2x "
                    "backward)")
