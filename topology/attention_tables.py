@@ -29,7 +29,8 @@ methods, benchmarks/benchmark_flash_attention.py at 60499abc [S, measured kernel
 (assets/flash2_h100_fwd_bwd_benchmark.png, same commit, same panels): PyTorch's standard attention, the scores
 written to HBM (`attention_pytorch` in that script: baddbmm, the causal mask added in its own pass, softmax, bmm;
 dropout 0), fp16, to 8K (16K ran out of memory). They time unfused attention (`unfused`), not a FlashAttention
-kernel: kernels.unfused_attention_slowdown compares them with the planner's model of the same operations.
+kernel: kernels.unfused_attention_slowdown compares them with the planner's model of the same operations on the
+catalogue GPU they were measured on (`gpu`).
 """
 from __future__ import annotations
 
@@ -54,10 +55,10 @@ ATTENTION_TABLES: dict[str, dict] = {
     "a100-fa2": dict(peak_tflops=312.0, head_dim=128, tflops=(
         (512, 99.0), (1024, 133.0), (2048, 155.0), (4096, 173.0), (8192, 182.0), (16384, 189.0)), head64_tflops=(
         (512, 88.0), (1024, 119.0), (2048, 140.0), (4096, 156.0), (8192, 165.0), (16384, 171.0))),
-    "a100-pytorch": dict(peak_tflops=312.0, head_dim=128, unfused=True, tflops=(
+    "a100-pytorch": dict(peak_tflops=312.0, head_dim=128, unfused=True, gpu="a100-80gb", tflops=(
         (512, 23.0), (1024, 28.0), (2048, 32.0), (4096, 32.0), (8192, 34.0)), head64_tflops=(
         (512, 15.0), (1024, 16.0), (2048, 17.0), (4096, 18.0), (8192, 18.0))),
-    "h100-pytorch": dict(peak_tflops=989.0, head_dim=128, unfused=True, tflops=(
+    "h100-pytorch": dict(peak_tflops=989.0, head_dim=128, unfused=True, gpu="h100-80gb", tflops=(
         (512, 40.0), (1024, 50.0), (2048, 57.0), (4096, 61.0), (8192, 63.0)), head64_tflops=(
         (512, 26.0), (1024, 29.0), (2048, 31.0), (4096, 32.0), (8192, 32.0))),
 }

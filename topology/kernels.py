@@ -25,7 +25,7 @@ from math import ceil, log2
 from dataclasses import replace
 
 from .attention_tables import ATTENTION_TABLES, FLASH_BACKWARD_RATIO, REFERENCE_SEQ, attention_curve, head64_curve
-from .hardware import GPU
+from .hardware import GPU, get_gpu
 from .interpolation import between
 
 # Fraction of peak HBM bandwidth that streaming (elementwise) kernels reach [S, assumed].
@@ -229,11 +229,12 @@ def unfused_attention_core(seq_q: int, seq_k: int, head_dim: int, batch: int, gp
 
 
 @lru_cache(maxsize=None)
-def _unfused_ratios(gpu: GPU, head_dim: int) -> tuple[tuple[int, float], ...]:
-    """Measured over modelled time of the table's unfused attention at each of its sequence lengths (the
-    benchmark's setup: hidden 2,048, batch x sequence 16K, the mask in its own pass), burst clocks both."""
-    table = ATTENTION_TABLES[gpu.unfused_attention]
-    burst = replace(gpu, sustained_clock=1.0)
+def _unfused_ratios(table_name: str, head_dim: int) -> tuple[tuple[int, float], ...]:
+    """Measured over modelled time of a table's unfused attention at each of its sequence lengths, on the GPU it
+    was measured on (the benchmark's setup: hidden 2,048, batch x sequence 16K, the mask in its own pass; burst
+    clocks both)."""
+    table = ATTENTION_TABLES[table_name]
+    burst = replace(get_gpu(table["gpu"]), sustained_clock=1.0)
     points = table["tflops"] if head_dim == 128 else table["head64_tflops"]
     ratios = []
     for seq, tflops in points:
@@ -246,15 +247,16 @@ def _unfused_ratios(gpu: GPU, head_dim: int) -> tuple[tuple[int, float], ...]:
 
 
 def unfused_attention_slowdown(gpu: GPU, seq: int, head_dim: int) -> float:
-    """How much longer unfused attention takes than unfused_attention_core's roofline, on a GPU with a measured
-    table (hardware.GPU.unfused_attention): the table's ratio at this sequence length (log-linear between its
-    lengths, held beyond) and head dimension (log-linear between 64 and 128, held outside). 1 without a table."""
+    """How much longer unfused attention takes than unfused_attention_core's roofline, on a GPU that names a
+    measured table (hardware.GPU.unfused_attention): the ratio measured on the table's GPU, at this sequence length
+    (log-linear between its lengths, held beyond) and head dimension (log-linear between 64 and 128, held
+    outside), carried over to this one. 1 without a table."""
     if gpu.unfused_attention is None:
         return 1.0
-    at128 = _on_curve(_unfused_ratios(gpu, 128), seq)
+    at128 = _on_curve(_unfused_ratios(gpu.unfused_attention, 128), seq)
     if head_dim >= 128:
         return at128
-    at64 = _on_curve(_unfused_ratios(gpu, 64), seq)
+    at64 = _on_curve(_unfused_ratios(gpu.unfused_attention, 64), seq)
     return at64 + (at128 - at64) * max(0.0, log2(head_dim / 64))
 
 

@@ -5,6 +5,7 @@ from dataclasses import replace
 
 import pytest
 
+from hybridpar.topology.attention_tables import ATTENTION_TABLES
 from hybridpar.topology.cases import _profile
 from hybridpar.topology.cost import layer_time
 from hybridpar.topology.flops import causal_attention_flops
@@ -125,6 +126,7 @@ def test_unfused_attention_takes_the_measured_time_of_pytorchs_standard_attentio
     attention; the shortfall is large (1.4-2x) on both GPUs, and B200, with no table, keeps the roofline."""
     gpu = get_gpu(gpu_name)
     burst = replace(gpu, sustained_clock=1.0)
+    assert ATTENTION_TABLES[gpu.unfused_attention]["gpu"] == gpu_name
     for head_dim, bars in PYTORCH[gpu_name].items():
         for seq, tflops in bars.items():
             batch = (16384 // seq) * (2048 // head_dim)
@@ -135,6 +137,9 @@ def test_unfused_attention_takes_the_measured_time_of_pytorchs_standard_attentio
             assert (fwd + bwd + mask) * slowdown == pytest.approx(measured, rel=1e-9)
             assert 1.4 < slowdown < 2.0
     assert unfused_attention_slowdown(get_gpu("b200-180gb"), 2048, 128) == 1.0
+    # measured on H100, carried over to H200 as a ratio, not re-derived against H200's faster HBM
+    h200 = get_gpu("h200-141gb")
+    assert unfused_attention_slowdown(h200, 2048, 128) == unfused_attention_slowdown(get_gpu("h100-80gb"), 2048, 128)
 
 
 def test_a_stack_without_flashattention_pays_the_measured_unfused_attention():
