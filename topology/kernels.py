@@ -19,12 +19,12 @@
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from math import ceil, log2
 
-from dataclasses import replace
-
 from .attention_tables import ATTENTION_TABLES, FLASH_BACKWARD_RATIO, REFERENCE_SEQ, attention_curve, head64_curve
+from .flops import causal_attention_flops
 from .hardware import GPU, get_gpu
 from .interpolation import between
 
@@ -186,27 +186,21 @@ def attention_shape_factor(seq: int, head_dim: int, curve: str | None = None) ->
     fixed cost (loading Q, the final rescale, writing O) amortised over its key loop, as
     seq / (seq + ATTN_SHORT_SEQ); head dimension 64 runs at ATTN_HEAD64 of 128's rate. Where the GPU has a
     measured ``curve`` (attention_tables), its rate at ``seq`` (log-linear between points, held beyond
-    the ends) over its rate at 8K instead of the amortisation."""
+    the ends) over its rate at 8K instead of the amortisation, and where that table measured head
+    dimension 64 too, its own rate there instead of ATTN_HEAD64."""
+    if curve is not None and head64_curve(curve) is not None:  # measured at both head dimensions
+        at128, at64 = _on_curve(attention_curve(curve), seq), _on_curve(head64_curve(curve), seq)
+        return _by_head_dim(at64, at128, head_dim) / _on_curve(attention_curve(curve), REFERENCE_SEQ)
     if curve is None:
         amortised = min(1.0, (seq / (seq + ATTN_SHORT_SEQ)) / (REFERENCE_SEQ / (REFERENCE_SEQ + ATTN_SHORT_SEQ)))
-        head = 1.0 if head_dim >= 128 else max(ATTN_HEAD64, ATTN_HEAD64 + (1 - ATTN_HEAD64) * log2(head_dim / 64))
-        return amortised * head
-    reference = _on_curve(attention_curve(curve), REFERENCE_SEQ)
-    if head64_curve(curve) is None:
-        head = 1.0 if head_dim >= 128 else max(ATTN_HEAD64, ATTN_HEAD64 + (1 - ATTN_HEAD64) * log2(head_dim / 64))
-        return _on_curve(attention_curve(curve), seq) / reference * head
-    return measured_attention_rate(curve, seq, head_dim) / reference
+    else:
+        amortised = _on_curve(attention_curve(curve), seq) / _on_curve(attention_curve(curve), REFERENCE_SEQ)
+    return amortised * _by_head_dim(ATTN_HEAD64, 1.0, head_dim)
 
 
-def measured_attention_rate(table: str, seq: int, head_dim: int) -> float:
-    """A measured table's fraction of the dense peak at this sequence length (log-linear between its lengths,
-    held beyond the ends) and head dimension (log-linear between its 64 and 128, held outside them)."""
-    at128 = _on_curve(attention_curve(table), seq)
-    at64 = head64_curve(table)
-    if at64 is None or head_dim >= 128:
-        return at128
-    share = max(0.0, log2(head_dim / 64))
-    return _on_curve(at64, seq) + (at128 - _on_curve(at64, seq)) * share
+def _by_head_dim(at64: float, at128: float, head_dim: int) -> float:
+    """A quantity measured at head dimensions 64 and 128, log-linear between them and held outside."""
+    return at128 if head_dim >= 128 else at64 + (at128 - at64) * max(0.0, log2(head_dim / 64))
 
 
 # Unfused attention's causal mask as PyTorch's standard attention adds it (the measured tables' own
@@ -241,7 +235,8 @@ def _unfused_ratios(table_name: str, head_dim: int) -> tuple[tuple[int, float], 
         batch = (16384 // seq) * (2048 // head_dim)
         fwd, bwd = unfused_attention_core(seq, seq, head_dim, batch, burst)
         modelled = fwd + bwd + hbm_time(batch * seq * seq * UNFUSED_MASK_BYTES, burst)
-        measured = (1 + FLASH_BACKWARD_RATIO) * 4 * batch * seq * seq * head_dim / 2 / (tflops * 1e12)
+        flops = (1 + FLASH_BACKWARD_RATIO) * causal_attention_flops(1, seq, seq, batch, head_dim)
+        measured = flops / (tflops * 1e12)
         ratios.append((seq, measured / modelled))
     return tuple(ratios)
 
@@ -253,11 +248,8 @@ def unfused_attention_slowdown(gpu: GPU, seq: int, head_dim: int) -> float:
     outside), carried over to this one. 1 without a table."""
     if gpu.unfused_attention is None:
         return 1.0
-    at128 = _on_curve(_unfused_ratios(gpu.unfused_attention, 128), seq)
-    if head_dim >= 128:
-        return at128
-    at64 = _on_curve(_unfused_ratios(gpu.unfused_attention, 64), seq)
-    return at64 + (at128 - at64) * max(0.0, log2(head_dim / 64))
+    return _by_head_dim(_on_curve(_unfused_ratios(gpu.unfused_attention, 64), seq),
+                        _on_curve(_unfused_ratios(gpu.unfused_attention, 128), seq), head_dim)
 
 
 def _on_curve(points: tuple[tuple[int, float], ...], seq: int) -> float:
