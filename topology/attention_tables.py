@@ -18,7 +18,8 @@ fwd_time_ms and bwd_time_ms [S, measured kernel table]: 0.57 of the dense peak a
 It postdates every validated Hopper run (2021-2025 kernels), which keep the catalogue's assumed rate; a GPU file
 names it to plan for that release of cuDNN.
 
-"a100-fa2": FlashAttention-2 (its 2.0 release) on one A100 80GB SXM4, fp16, causal, hidden 2,048 (16 heads of 128, or 32 of 64), batch x sequence 16K, forward and backward together in
+"a100-fa2" and "a100-fa1": FlashAttention-2 (its 2.0 release) and FlashAttention 1.x (CUDA) on one A100 80GB SXM4,
+fp16, causal, hidden 2,048 (16 heads of 128, or 32 of 64), batch x sequence 16K, forward and backward together in
 the planner's count (4 b s^2 h d / 2 forward, 2.5x that backward: the benchmark's own `flops`):
 Dao-AILab/flash-attention assets/flash2_a100_fwd_bwd_benchmark.png at 4f285b35 ("FlashAttention-2 release"),
 panels (c) and (d), the setup in that commit's README ("Performance", A100) and the script that measures these
@@ -55,6 +56,9 @@ ATTENTION_TABLES: dict[str, dict] = {
     "a100-fa2": dict(peak_tflops=312.0, head_dim=128, tflops=(
         (512, 99.0), (1024, 133.0), (2048, 155.0), (4096, 173.0), (8192, 182.0), (16384, 189.0)), head64_tflops=(
         (512, 88.0), (1024, 119.0), (2048, 140.0), (4096, 156.0), (8192, 165.0), (16384, 171.0))),
+    "a100-fa1": dict(peak_tflops=312.0, head_dim=128, tflops=(
+        (512, 55.0), (1024, 62.0), (2048, 69.0), (4096, 76.0), (8192, 80.0), (16384, 83.0)), head64_tflops=(
+        (512, 58.0), (1024, 70.0), (2048, 77.0), (4096, 87.0), (8192, 92.0), (16384, 97.0))),
     "a100-pytorch": dict(peak_tflops=312.0, head_dim=128, unfused=True, gpu="a100-80gb", tflops=(
         (512, 23.0), (1024, 28.0), (2048, 32.0), (4096, 32.0), (8192, 34.0)), head64_tflops=(
         (512, 15.0), (1024, 16.0), (2048, 17.0), (4096, 18.0), (8192, 18.0))),

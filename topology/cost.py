@@ -25,8 +25,9 @@ from .flops import causal_attention_flops, model_flops_per_seq
 from .fp8 import (AMAX_BYTES, CURRENT, CURRENT_SCALING_KERNELS, GATHER_SHARE, TRANSFORMER_ENGINE, amax_reductions,
                   current_scaling_bytes, layer_cast_bytes, layer_cast_kernels)
 from .hardware import GPU, get_gpu
-from .kernels import (ATTENTION_KERNEL_SLOWDOWN, FLASH_BACKWARD_RATIO, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES,
-                      SWIGLU_UNFUSED_HBM, SWIGLU_UNFUSED_PASSES, attention_shape_factor, gemm_fwd_bwd, gemm_time,
+from .kernels import (FLASH_BACKWARD_RATIO, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES,
+                      SWIGLU_UNFUSED_HBM, SWIGLU_UNFUSED_PASSES, attention_kernel_slowdown, attention_shape_factor,
+                      gemm_fwd_bwd, gemm_time,
                       hbm_time, kernel_bound, unfused_attention_core, unfused_attention_slowdown, unfused_time)
 from .links import (allreduce_time, collective_time, dp_link_gbps, dp_ranks_per_node, group_nodes, link_time,
                     nccl_latency, nccl_sm_share, pp_crosses_nodes, sm_contention)
@@ -124,7 +125,7 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
                     * attention_shape_factor(seq // cp, d, gpu.attention_curve))
         af = causal_attention_flops(mb, s_loc, seq, heads, d) / (peak16 * fraction)
         ab = FLASH_BACKWARD_RATIO * af
-        slow_f, slow_b = ATTENTION_KERNEL_SLOWDOWN[sw.attention_kernel]
+        slow_f, slow_b = attention_kernel_slowdown(sw.attention_kernel, seq // cp, d)
         af, ab = af * slow_f, ab * slow_b
     else:
         # the GEMMs and softmax at the measured shortfall of their roofline (kernels.unfused_attention_slowdown);
@@ -143,12 +144,15 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     hidden_bytes = ((2 * 2 * 2 if sw.norm_fusion else 0) + 2 * 3 * 2 + 2 * mask) * h
     swiglu_unfused = m.mlp == "swiglu" and not sw.swiglu_fusion
     rope_unfused = sw.rotary and not sw.rope_fusion
-    act_bytes = 0.0 if swiglu_unfused else (3 if m.mlp == "swiglu" else 2) * 2 * f / tp
+    gelu_epilogue = m.mlp != "swiglu" and sw.gelu_in_gemm_epilogue
+    act_bytes = 0.0 if swiglu_unfused or gelu_epilogue else (3 if m.mlp == "swiglu" else 2) * 2 * f / tp
     # RoPE fused reads and writes the rank's Q and K heads, 2 bytes each
     rope_bytes = 2 * 2 * (h + kv) / tp if sw.rotary and sw.rope_fusion else 0.0
     ew = tokens * (hidden_bytes / (tp if sp else 1) + act_bytes + rope_bytes)
     fwd += hbm_time(ew, gpu)
     bwd += hbm_time(2 * ew, gpu)
+    if gelu_epilogue:  # the pre-activation the epilogue keeps: written forward, read by DGELU backward
+        fwd, bwd = fwd + hbm_time(tokens * 2 * f / tp, gpu), bwd + hbm_time(tokens * 2 * f / tp, gpu)
     halves = sw.rope_style == "rotate-half"
     for unfused, elements, passes, efficiency in (
             (rope_unfused and halves, (h + kv) / tp, ROPE_UNFUSED_PASSES, ROPE_UNFUSED_HBM),

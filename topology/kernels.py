@@ -10,7 +10,7 @@
 * Attention core: FlashAttention at hardware.GPU.attention_fraction of peak, scaled by sequence length
   and head dimension (attention_shape_factor; a measured curve where the GPU has one); backward
   FLASH_BACKWARD_RATIO x the forward's FLOPs; other kernels at their measured slowdown
-  (ATTENTION_KERNEL_SLOWDOWN).
+  (attention_kernel_slowdown).
 * Memory-bound work (norms, residual adds, activation functions, the loss): bytes over
   HBM_EFFICIENCY x peak HBM bandwidth; unfused RoPE and SwiGLU op by op at their kernels' measured
   rate (unfused_time).
@@ -66,8 +66,13 @@ ATTN_HEAD64 = 0.85
 # dimension 128, causal), 2.25-2.28x FlashAttention-2's time. Costed at that rate instead, MosaicML's rows lean
 # +5.5% rather than +9.5%, but the long-sequence layouts of the same MosaicML table (16K-64K, activation
 # checkpointing, MPT-760M to 13B on 8 A100 80GB) come out 12-20% slow, where these ratios put them within -2 to +3%:
-# not taken.
+# not taken for Triton.
 ATTENTION_KERNEL_SLOWDOWN = {"flash2": (1.0, 1.0), "triton": (1.4, 2.0)}
+# Kernels timed beside FlashAttention-2 in one measured table: (FlashAttention-2's table, the kernel's). Their
+# time over FlashAttention-2's is the ratio of the two rates at the sequence length and head dimension, forward
+# and backward alike (the table times them together). "flash1": FlashAttention 1.x, the CUDA kernel of late 2022.
+MEASURED_KERNELS = {"flash1": ("a100-fa2", "a100-fa1")}
+ATTENTION_KERNELS = (*ATTENTION_KERNEL_SLOWDOWN, *MEASURED_KERNELS)
 # Unfused RoPE and SwiGLU as megatron-core 0.16.1 runs them without fusion: elements read plus written per
 # element of their input (RoPE: of Q and K; SwiGLU: of the activated width F), forward and backward, counted
 # by hybridpar's TrafficCounter (hybridpar/observe/step_bytes.py; tests/unit/test_bench_layer_kernels.py). RoPE
@@ -189,13 +194,29 @@ def attention_shape_factor(seq: int, head_dim: int, curve: str | None = None) ->
     the ends) over its rate at 8K instead of the amortisation, and where that table measured head
     dimension 64 too, its own rate there instead of ATTN_HEAD64."""
     if curve is not None and head64_curve(curve) is not None:  # measured at both head dimensions
-        at128, at64 = _on_curve(attention_curve(curve), seq), _on_curve(head64_curve(curve), seq)
-        return _by_head_dim(at64, at128, head_dim) / _on_curve(attention_curve(curve), REFERENCE_SEQ)
+        return _measured_rate(curve, seq, head_dim) / _on_curve(attention_curve(curve), REFERENCE_SEQ)
     if curve is None:
         amortised = min(1.0, (seq / (seq + ATTN_SHORT_SEQ)) / (REFERENCE_SEQ / (REFERENCE_SEQ + ATTN_SHORT_SEQ)))
     else:
         amortised = _on_curve(attention_curve(curve), seq) / _on_curve(attention_curve(curve), REFERENCE_SEQ)
     return amortised * _by_head_dim(ATTN_HEAD64, 1.0, head_dim)
+
+
+def attention_kernel_slowdown(kernel: str, seq: int, head_dim: int) -> tuple[float, float]:
+    """(forward, backward) time of an attention kernel over FlashAttention-2's for the same work
+    (ATTENTION_KERNEL_SLOWDOWN, MEASURED_KERNELS)."""
+    if kernel not in MEASURED_KERNELS:
+        return ATTENTION_KERNEL_SLOWDOWN[kernel]
+    reference, own = MEASURED_KERNELS[kernel]
+    ratio = _measured_rate(reference, seq, head_dim) / _measured_rate(own, seq, head_dim)
+    return ratio, ratio
+
+
+def _measured_rate(table: str, seq: int, head_dim: int) -> float:
+    """A measured table's fraction of the dense peak at this sequence length and head dimension."""
+    at128 = _on_curve(attention_curve(table), seq)
+    at64 = _on_curve(head64_curve(table), seq) if head64_curve(table) else at128
+    return _by_head_dim(at64, at128, head_dim)
 
 
 def _by_head_dim(at64: float, at128: float, head_dim: int) -> float:

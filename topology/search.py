@@ -158,10 +158,11 @@ def search(req: Request, top: int = 5) -> SearchResult:
     if recompute is not None and recompute not in sw.recompute_modes:
         raise PlanError(f"recompute {recompute} is not part of {sw.label} (it offers "
                         f"{', '.join(sw.recompute_modes)}): pin one of those")
-    for axis in ("cp", "pp"):
+    for axis in ("tp", "cp", "pp"):
         if axis not in sw.model_parallel_axes and req.pins.get(axis, 1) > 1:
-            raise PlanError(f"{axis} {req.pins[axis]} is not part of {sw.label} (it splits a replica along "
-                            f"{', '.join(sw.model_parallel_axes)} only): pin --{axis} 1")
+            split = (f"it splits a replica along {', '.join(sw.model_parallel_axes)} only" if sw.model_parallel_axes
+                     else "each GPU holds a whole replica")
+            raise PlanError(f"{axis} {req.pins[axis]} is not part of {sw.label} ({split}): pin --{axis} 1")
     if not sw.interleaved_pipeline and req.pins.get("vpp", 1) > 1:
         raise PlanError(f"vpp {req.pins['vpp']} is not part of {sw.label} (its pipeline runs 1F1B without virtual "
                         f"stages): pin --vpp 1")
@@ -177,7 +178,7 @@ def search(req: Request, top: int = 5) -> SearchResult:
 
     result = SearchResult([], [])
     tps = _choices(req, "tp", [d for d in _divisors(n) if m.heads % d == 0 and m.kv_heads % d == 0
-                               and m.ffn_hidden % d == 0])
+                               and m.ffn_hidden % d == 0 and (d == 1 or "tp" in sw.model_parallel_axes)])
     for tp in tps:
         if tp > req.gpus_per_node:
             result.rejected.append(Rejected(tp, 0, 0, 0, f"tp {tp} beyond a node of {req.gpus_per_node} GPUs"))

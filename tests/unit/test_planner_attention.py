@@ -11,7 +11,7 @@ from hybridpar.topology.cost import layer_time
 from hybridpar.topology.flops import causal_attention_flops
 from hybridpar.topology.hardware import get_gpu, load_gpu
 from hybridpar.topology.kernels import (ATTENTION_KERNEL_SLOWDOWN, ATTN_SHORT_SEQ, FLASH_BACKWARD_RATIO, UNFUSED_MASK_BYTES,
-                                        attention_shape_factor, hbm_time, unfused_attention_core,
+                                        attention_kernel_slowdown, attention_shape_factor, hbm_time, unfused_attention_core,
                                         unfused_attention_slowdown)
 from hybridpar.topology.links import collective_time, nccl_sm_share
 from hybridpar.topology.models import PRESETS
@@ -117,6 +117,32 @@ def test_triton_attention_costs_flashattention2s_work_at_its_measured_slowdown()
     assert b.fwd - a.fwd == pytest.approx(0.4 * core, rel=1e-9)
     assert b.bwd - a.bwd == pytest.approx(1.0 * FLASH_BACKWARD_RATIO * core, rel=1e-9)
     assert (b.tp, b.cp) == (a.tp, a.cp)
+
+
+FA1_A100 = {128: {512: 55, 1024: 62, 2048: 69, 4096: 76, 8192: 80, 16384: 83},
+            64: {512: 58, 1024: 70, 2048: 77, 4096: 87, 8192: 92, 16384: 97}}
+
+
+def test_flashattention_1_costs_flashattention2s_work_at_the_measured_ratio():
+    """--attention-kernel flash1: FlashAttention 1.x's time over FlashAttention-2's is the ratio of their measured
+    A100 rates at the sequence and head dimension (the same benchmark), forward and backward alike, log-linear
+    between head dimensions 64 and 128."""
+    for seq in (512, 2048, 16384):
+        for head_dim in (64, 128):
+            ratio = FA2_A100[head_dim][seq] / FA1_A100[head_dim][seq]
+            assert attention_kernel_slowdown("flash1", seq, head_dim) == pytest.approx((ratio, ratio))
+    at96 = attention_kernel_slowdown("flash1", 2048, 96)[0]
+    assert 140 / 77 < at96 < 155 / 69
+    assert attention_kernel_slowdown("triton", 2048, 128) == (1.4, 2.0)
+    m, gpu = PRESETS["llama3-8b"], get_gpu("a100-80gb")
+    flash2, flash1 = (replace(MEGATRON_CORE, attention_kernel=k) for k in ("flash2", "flash1"))
+    a, b = (layer_time(m, gpu, "bf16", 2048, 1, 1, 1, True, "none", sw, 8) for sw in (flash2, flash1))
+    core = causal_attention_flops(1, 2048, 2048, m.heads, m.head_dim) / (
+        gpu.bf16_tflops * 1e12 * gpu.attention_fraction * gpu.sustained_clock
+        * attention_shape_factor(2048, m.head_dim, gpu.attention_curve))
+    extra = FA2_A100[128][2048] / FA1_A100[128][2048] - 1
+    assert b.fwd - a.fwd == pytest.approx(extra * core, rel=1e-6)
+    assert b.bwd - a.bwd == pytest.approx(extra * FLASH_BACKWARD_RATIO * core, rel=1e-6)
 
 
 @pytest.mark.parametrize("gpu_name", sorted(PYTORCH))

@@ -167,6 +167,32 @@ def test_nemo_megatrons_2022_runs_evaluate_from_the_command_line(capsys, tmp_pat
         assert plan["step_time_s"] == pytest.approx(predict_case(case).cost.step_time_s, rel=1e-4, abs=5e-5), case["id"]  # 4 places
 
 
+def test_flashattentions_own_training_runs_evaluate_from_the_command_line(capsys, tmp_path):
+    """Each run of FlashAttention's GPT training README (validation_runs.json, flashattn2211-*) pinned on the command
+    line under --software flash-attn-training-2022 gives exactly the step time the validation costs it at; the
+    profile is data-parallel only, and a pinned TP is refused in one line."""
+    from hybridpar.topology.cases import VALIDATION_PATH, load_cases, predict_case
+
+    runs = [c for c in load_cases(VALIDATION_PATH) if c["id"].startswith("flashattn2211-")]
+    assert len(runs) == 5
+    for case in runs:
+        model = tmp_path / f"{case['id']}.json"
+        model.write_text(json.dumps({k: case[k] for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads",
+                                                           "vocab", "mlp", "tied_embeddings")} | {"name": case["id"]}))
+        argv = ["--model", str(model), "--gpus", "8", "--gpu", "a100-80gb", "--seq-len", "2048",
+                "--global-batch", str(case["global_batch_seqs"]), "--software", "flash-attn-training-2022", "--json"]
+        for flag in ("tp", "pp", "cp", "dp", "micro_batch", "vpp", "zero_stage", "recompute"):
+            argv += [f"--{flag.replace('_stage', '').replace('_', '-')}", str(case[flag])]
+        code, out, err = run(argv, capsys)
+        assert code == 0, err
+        (plan,) = json.loads(out)["plans"]
+        assert plan["step_time_s"] == pytest.approx(predict_case(case).cost.step_time_s, rel=1e-4, abs=5e-5), case["id"]
+    code, out, err = run(["--model", "llama3-8b", "--gpus", "8", "--software", "flash-attn-training-2022", "--tp", "2"],
+                         capsys)
+    assert code == 2 and out == "" and len(err.strip().splitlines()) == 1 and "whole replica" in err, err
+    assert "pin --tp 1" in err
+
+
 def test_no_sequence_parallel_and_tp_comm_overlap_refuse_each_other(capsys):
     code, out, err = run(["--model", "llama3-8b", "--gpus", "8", "--software", "megatron-core", "--tp-comm-overlap",
                           "--no-sequence-parallel"], capsys)

@@ -411,3 +411,40 @@ def test_nemo_2022_overlaps_its_dp_all_reduce_only_without_a_pipeline():
 
     assert dp(1, NEMO_MEGATRON_2022) == dp(1, always)
     assert dp(2, NEMO_MEGATRON_2022) > dp(2, always) and dp(1, NEMO_MEGATRON_2022, sp=True) > dp(1, always, sp=True)
+
+
+def test_gelu_in_the_gemm_epilogue_costs_only_the_kept_pre_activation():
+    """FusedDenseGeluDense (flash-attn-training-2022): no GELU pass of its own, only the pre-activation the epilogue
+    keeps, written forward and read backward: the layer saves 2 of the pass's 4 bytes per element of the
+    intermediate forward and 6 of its 8 backward, and nothing else moves."""
+    from hybridpar.topology.cost import layer_time
+    from hybridpar.topology.kernels import hbm_time
+    from hybridpar.topology.software import FLASH_ATTN_TRAINING_2022
+
+    m, gpu, tokens = ModelSpec(24, 2048, 8192, 16, 16, 50264, "gelu", "gpt3-1.3b"), get_gpu("a100-80gb"), 8 * 2048
+    fused = FLASH_ATTN_TRAINING_2022
+    assert fused.gelu_in_gemm_epilogue
+    a, b = (layer_time(m, gpu, "bf16", 2048, 8, 1, 1, True, "none", sw, 8)
+            for sw in (replace(fused, gelu_in_gemm_epilogue=False), fused))
+    assert a.fwd - b.fwd == pytest.approx(hbm_time(tokens * 2 * m.ffn_hidden, gpu), rel=1e-6)
+    assert a.bwd - b.bwd == pytest.approx(hbm_time(tokens * 6 * m.ffn_hidden, gpu), rel=1e-6)
+
+
+def test_autocasts_weight_and_gradient_casts_are_paid_every_micro_batch():
+    """flash-attn-training-2022's fp32 weights under autocast: each micro-batch casts every weight to bf16, casts its
+    gradient back and adds it into the fp32 .grad (software.AUTOCAST_GRAD_BYTES per parameter): the step pays those
+    bytes once per micro-batch, at the rate the profile charges gradient accumulation."""
+    from hybridpar.topology.kernels import hbm_time
+    from hybridpar.topology.software import AUTOCAST_GRAD_BYTES, FLASH_ATTN_TRAINING_2022
+
+    sw = FLASH_ATTN_TRAINING_2022
+    m = ModelSpec(24, 2048, 8192, 16, 16, 50264, "gelu", "gpt3-1.3b")
+    plan = Plan(m, 2048, 512, dp=8, micro_batch=8, zero_stage=1, gpu="a100-80gb")
+    bare = replace(sw, grad_accum_bytes_per_param=0)
+    from hybridpar.topology.stages import params_per_rank, stages
+
+    gpu, (stage,) = get_gpu("a100-80gb"), stages(plan)
+    added = step_cost(plan, sw).step_time_s - step_cost(plan, bare).step_time_s
+    assert AUTOCAST_GRAD_BYTES == 24
+    per_mb = hbm_time(24 * params_per_rank(plan, stage), gpu, sw.grad_accum_hbm_efficiency)
+    assert added == pytest.approx(plan.grad_accum * per_mb, rel=1e-6)

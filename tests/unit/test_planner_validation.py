@@ -300,6 +300,8 @@ def test_the_readme_quotes_the_current_validation():
                    f"{s.by_stack['NeMo 1'][2]:+.1%} on NeMo 1 and {s.by_stack['NeMo 2'][2]:+.1%} on NeMo 2 "
                    f"({sum(r['precision'] == 'fp8' and r['stack'].startswith('NeMo') for r in TIMED)} of their "
                    f"{s.by_stack['NeMo 1'][0] + s.by_stack['NeMo 2'][0]} runs trained in FP8)",
+                   f"{s.by_stack['FlashAttention training (HazyResearch)'][2]:+.1%} on FlashAttention's own GPT training "
+                   f"({s.by_stack['FlashAttention training (HazyResearch)'][0]} runs on one A100 node)",
                    f"the PyTorch FSDP runs, costed with their own profile, lean {fsdp:+.0%} and torchtitan's FSDP2 "
                    f"runs (all on A100) {torchtitan:+.0%}"):
         assert quoted in readme, quoted

@@ -1,6 +1,6 @@
 """The stacks of published runs other than megatron-core's: Megatron-LM 2021 and 2022, DeepSpeed's pipeline
-engine (BigScience, MT-NLG), PyTorch FSDP (MosaicML's llm-foundry) and torchtitan 2024, each described from the
-code it ran."""
+engine (BigScience, MT-NLG), PyTorch FSDP (MosaicML's llm-foundry), torchtitan 2024 and FlashAttention's own GPT
+training (2022), each described from the code it ran."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -178,3 +178,30 @@ TORCHTITAN_2024 = replace(_PYTORCH_FSDP, name="torchtitan-2024", label="torchtit
                           swiglu_fusion=False, swiglu_separate_projections=True, kv_heads_repeated=True,
                           cross_entropy="torch-fp32", model_parallel_axes=("tp",), optimizer_temp_bytes_per_param=4,
                           optimizer_step_bytes_counted=(TORCH_FOREACH_STEP_BYTES,) * 3)
+
+# FlashAttention's GPT training as it ran the throughputs of its training README (Dao-AILab/flash-attention
+# training/ at 4a6eaa9f, November 2022: GPT-3 125M to 2.7B on one node of 8 A100 80GB) [V]: PyTorch Lightning's
+# DDP (DDPStrategyZero1 with torch's ZeroRedundancyOptimizer over AdamW from 760M up, apex's FusedAdam below:
+# configs/experiment/pile/gpt3*-flash.yaml), precision bf16 (autocast over fp32 weights), flash_attn/models/gpt.py
+# with FlashAttention 1.x (attention dropout inside its kernel, not costed), fused bias GEMMs and
+# FusedDenseGeluDense (gelu_in_gemm_epilogue), dropout_add_layer_norm (dropout, residual add and LayerNorm in one
+# kernel), GPT-2's learned positions and dropouts (GPT2Config: 0.1), apex's cross-entropy on the 16-bit logits with
+# in-place backward (CrossEntropyLossApex: "fused-16bit"), no activation checkpointing.
+# * Gradients: autocast casts each fp32 weight to bf16 in every micro-batch's forward (read 4, write 2); the bf16
+#   weight gradient is cast back (read 2, write 4) and added into the fp32 .grad (read 4 + 4, write 4): 24 bytes
+#   per parameter and micro-batch (AUTOCAST_GRAD_BYTES). DDP all-reduces the fp32 gradients bucket by bucket
+#   behind the last micro-batch's backward (Lightning skips the sync on the others).
+# * ZeroRedundancyOptimizer: each rank steps its eighth, then broadcasts its updated fp32 parameters, after the
+#   step and not overlapped: costed as the planner's 16-bit gather so placed (the fp32 broadcast moves twice its
+#   bytes: under 0.2% of these steps). The step itself as a fused Adam's (torch's AdamW and the clipping move
+#   more: under 0.5%).
+# * Memory is the planner's 16-bit weights and fp32 master copy: fp32 weights with their bf16 autocast copies hold
+#   the same under DDP and 3.5 bytes per parameter more under ZeRO-1 (not modelled; these runs fit with room).
+AUTOCAST_GRAD_BYTES = 6 + 6 + 12
+FLASH_ATTN_TRAINING_2022 = replace(MEGATRON_CORE, name="flash-attn-training-2022",
+                                   label="FlashAttention's GPT training 2022 (Lightning DDP, FlashAttention 1.x)",
+                                   sequence_parallel=False, zero_stages=(0, 1), recompute_modes=("none",),
+                                   model_parallel_axes=(), attention_kernel="flash1", dropout=True, rotary=False,
+                                   fp32_grads=True, grad_accum_bytes_per_param=AUTOCAST_GRAD_BYTES,
+                                   full_grad_allreduce=True, overlap_param_gather=False, gelu_in_gemm_epilogue=True,
+                                   cross_entropy="fused-16bit", fp8=None, optimizer_step_bytes_counted=None)

@@ -117,8 +117,9 @@ class Software:
     # (hardware.GPU.attention_fraction, a current FlashAttention-class kernel).
     attention_fraction: float | None = None
     # The attention kernel: "flash2" (FlashAttention-2 or a kernel as fast, which attention_fraction
-    # describes) or "triton" (FlashAttention in Triton, flash-attn's flash_attn_triton.py, which
-    # MosaicML's llm-foundry ran as attn_impl: triton); kernels.ATTENTION_KERNEL_SLOWDOWN says how much slower.
+    # describes), "triton" (FlashAttention in Triton, flash-attn's flash_attn_triton.py, which
+    # MosaicML's llm-foundry ran as attn_impl: triton) or "flash1" (FlashAttention 1.x's CUDA kernel);
+    # kernels.attention_kernel_slowdown says how much slower.
     attention_kernel: str = "flash2"
     # The cross-entropy over the vocabulary on the last stage, a key of CROSS_ENTROPY_KERNELS: what it
     # reads and writes in HBM and what it holds at its peak.
@@ -253,6 +254,10 @@ class Software:
     # rotate-half otherwise), SwiGLU as silu and a product of two separate projections' outputs, the K and V
     # heads of grouped-query attention repeated into every query head's before the attention kernel.
     norm_fusion: bool = True
+    # The MLP's GELU in the first GEMM's epilogue (cuBLASLt's GELU_AUX, its gradient DGELU in the data-gradient
+    # GEMM: flash-attn's FusedDenseGeluDense): no pass of its own, only the pre-activation it keeps, written forward
+    # and read backward. False: a pass over the activation (megatron's fused bias-GELU is one).
+    gelu_in_gemm_epilogue: bool = False
     rope_style: str = "rotate-half"
     swiglu_separate_projections: bool = False
     kv_heads_repeated: bool = False

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from hybridpar.topology.fp8 import FP8_SCALINGS
-from hybridpar.topology.kernels import ATTENTION_KERNEL_SLOWDOWN
+from hybridpar.topology.kernels import ATTENTION_KERNELS
 from hybridpar.topology.hardware import CATALOGUE, GIB, HardwareError, load_gpu
 from hybridpar.topology.memory import PARTS, TIGHT_MARGIN
 from hybridpar.topology.models import load_model
@@ -67,10 +67,11 @@ def add_arguments(p):
     p.add_argument("--cuda-launch-blocking", action="store_true",
                    help="cost the plan for a run with CUDA_LAUNCH_BLOCKING=1, where the host waits for every kernel "
                    "(BigScience trained BLOOM so, to avoid NCCL hangs)")
-    p.add_argument("--attention-kernel", choices=sorted(ATTENTION_KERNEL_SLOWDOWN), default=None,
+    p.add_argument("--attention-kernel", choices=sorted(ATTENTION_KERNELS), default=None,
                    help="the attention kernel the run uses (default: the software's, FlashAttention-2-class; "
                    "triton: FlashAttention in Triton, as MosaicML's llm-foundry ran it, 1.4x slower forward and 2x "
-                   "backward)")
+                   "backward; flash1: FlashAttention 1.x, at its measured A100 rate, about 2.25x FlashAttention-2's "
+                   "time at 2K)")
     p.add_argument("--cross-entropy", choices=sorted(CROSS_ENTROPY_KERNELS), default=None,
                    help="the loss kernel over the vocabulary (default: the software's, megatron's vocab-parallel "
                    "loss in fp32, 6 bytes per logit at its peak; vocab-parallel-fused: the same under megatron-core's "
