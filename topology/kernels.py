@@ -70,7 +70,8 @@ ATTN_HEAD64 = 0.85
 ATTENTION_KERNEL_SLOWDOWN = {"flash2": (1.0, 1.0), "triton": (1.4, 2.0)}
 # Kernels timed beside FlashAttention-2 in one measured table: (FlashAttention-2's table, the kernel's). Their
 # time over FlashAttention-2's is the ratio of the two rates at the sequence length and head dimension, forward
-# and backward alike (the table times them together). "flash1": FlashAttention 1.x, the CUDA kernel of late 2022.
+# and backward alike (the table times them together), assumed on GPUs the table was not measured on. "flash1":
+# FlashAttention 1.x, the CUDA kernel of late 2022, measured on A100.
 MEASURED_KERNELS = {"flash1": ("a100-fa2", "a100-fa1")}
 ATTENTION_KERNELS = (*ATTENTION_KERNEL_SLOWDOWN, *MEASURED_KERNELS)
 # Unfused RoPE and SwiGLU as megatron-core 0.16.1 runs them without fusion: elements read plus written per
