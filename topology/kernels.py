@@ -47,15 +47,17 @@ MAMF_K = 4096
 # median 1.02 of the measured rate, 95 within 15% (without split-K 0.94, and a tenth under 0.6); of
 # 512, 1024 and 2048, 1024 fits that grid best [S, measured kernel table].
 SPLIT_K_MIN = 1024
-# FlashAttention-2 forward+backward, causal, head dimension 128 on A100 (Dao 2023, "FlashAttention-2",
-# Figure 4 [R]): about 126, 155, 172, 183 and 189 TFLOP/s at sequence 512, 1K, 2K, 4K and 8K, i.e.
-# seq / (seq + 256) to within 3%; head dimension 64 about 0.85 of 128's rate (same figure) [R].
-# Checked on Hopper against a stored measurement: pytorch/benchmark commit ff65cb67 ("Fix dimension
-# order for FlashAttention-3"), FlashAttention-3 on H100, head dimension 128, batch x sequence 16K:
-# 430, 517, 566, 590, 614 and 621 TFLOP/s from sequence 512 to 16K, each within 2.5% of
-# seq / (seq + 256) relative to 16K (tests/unit/test_planner_cost.py) [S].
+# The sequence shape of a GPU without a measured table (attention_tables; A100 and B200 have theirs): each query
+# block's fixed cost amortised as seq / (seq + 256), checked on Hopper against a stored measurement:
+# pytorch/benchmark commit ff65cb67 ("Fix dimension order for FlashAttention-3"), FlashAttention-3 on H100, head
+# dimension 128, batch x sequence 16K: 430, 517, 566, 590, 614 and 621 TFLOP/s from sequence 512 to 16K, each
+# within 2.5% of seq / (seq + 256) relative to 16K (tests/unit/test_planner_attention.py) [S]. FlashAttention-2 on
+# A100 falls off faster at short sequences (its measured table: 0.82 of its 16K rate at 2K, 0.52 at 512). Head
+# dimension 64: FlashAttention-2's causal rate on H100 80GB SXM5 is 0.87 of its rate at 128 (0.865-0.886 from
+# 512 to 16K: Dao-AILab/flash-attention assets/flash2_h100_fwd_bwd_benchmark.png at 4f285b35, panels c and d)
+# [S]; A100's table measures its own (about 0.9).
 ATTN_SHORT_SEQ = 256
-ATTN_HEAD64 = 0.85
+ATTN_HEAD64 = 0.87
 
 # Other attention kernels' forward and backward time over FlashAttention-2's for the same work:
 # FlashAttention-2 "is around 1.3-1.5x faster than FlashAttention in Triton in the forward pass and

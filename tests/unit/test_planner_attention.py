@@ -26,7 +26,7 @@ def test_flash_attention_rate_follows_sequence_length_and_head_dimension():
 
     assert attention_shape_factor(8192, 128) == 1.0 == attention_shape_factor(131072, 128)
     assert attention_shape_factor(512, 128) == pytest.approx((512 / 768) / (8192 / 8448))
-    assert attention_shape_factor(8192, 64) == pytest.approx(0.85)
+    assert attention_shape_factor(8192, 64) == pytest.approx(0.87)
     assert attention_shape_factor(2048, 64) < attention_shape_factor(2048, 128) < 1
 
 
@@ -204,7 +204,7 @@ def test_b200_attention_is_the_measured_cudnn_rate():
     assert rate(4096) / rate(8192) < between < 1  # log-linear between measured lengths
     held = attention_shape_factor(131072, 128, b200.attention_curve)
     assert attention_shape_factor(1 << 20, 128, b200.attention_curve) == held  # held beyond the last length
-    assert attention_shape_factor(8192, 64, b200.attention_curve) == pytest.approx(0.85)  # head dimension as before
+    assert attention_shape_factor(8192, 64, b200.attention_curve) == pytest.approx(0.87)  # head dimension as before
 
 
 # cuDNN 9.19 on one H200, Llama 3.1 70B's attention (64 query heads, 8 KV heads, head dimension 128, causal
