@@ -106,7 +106,8 @@ class GPU:
 # TFLOP/s, 295 on zeros, i.e. it is power-limited at 400 W (Horace He, "Strangely, Matrix
 # Multiplications on GPUs Run Faster When Given 'Predictable' Data", 2024) [S]: 257 / 267.9 = 0.959,
 # an upper bound for a busy node. Attention: FlashAttention-2's measured rate on one A100 80GB SXM4, causal,
-# forward and backward (attention_tables "a100-fa2") [S]: 0.583 of peak at 8K, 0.497 at 2K. Host link:
+# forward and backward (attention_tables "a100-fa2") [S]: 0.583 of peak at 8K, 0.497 at 2K; unfused attention
+# (scores in HBM) as PyTorch's standard attention measured on the same GPU ("a100-pytorch") [S]. Host link:
 # PCIe Gen4 x16, 64 GB/s bidirectional = 32 per direction (A100 datasheet) [S].
 # All-reduce inside a node over all 8 GPUs: nccl-tests on one 8 x A100-SXM4-40GB NVSwitch node
 # (topology/collectives.py) [S]; other groups and operations keep the model.
@@ -134,7 +135,8 @@ _A100 = dict(bf16_tflops=312.0, fp8_tflops=None, nvlink_gbps=300.0, network_gbps
 # at its slowest GPU's, so the lower node's figure is kept.
 # FlashAttention on H100: FA2 reaches ~35-40% of peak, FA3 ~75% (Shah et al. 2024) [S]: 0.5 assumed. cuDNN
 # 9.19 measured on one H200 reaches 0.57 at 8K (attention_tables "h200-cudnn-9.19", a GPU file can name it); it
-# postdates the kernels every validated Hopper run used, so the catalogue keeps the assumption.
+# postdates the kernels every validated Hopper run used, so the catalogue keeps the assumption. Unfused
+# attention: PyTorch's standard attention measured on one H100 80GB SXM5 ("h100-pytorch") [S].
 # Host link (H100, and H200/H800 SXM, which share the board interface): PCIe Gen5 x16, 128 GB/s
 # bidirectional = 64 per direction (NVIDIA H100/H200 SXM datasheets) [S].
 # Collectives inside a node: OpenXLA's table measured on 8 compute-capability-9.0 GPUs, NVLink 4 through
