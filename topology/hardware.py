@@ -221,6 +221,10 @@ def get_gpu(name: str) -> GPU:
 _GPU_FIELDS = tuple(f.name for f in fields(GPU))
 _FRACTIONS = ("gemm_fraction", "attention_fraction", "sustained_clock", "fp8_gemm_fraction")
 _COUNTS = ("gpus_per_node", "sms")
+# Keys that name a measured table, or null: what each must name, and the names there are.
+_TABLE_KEYS = {"attention_curve": ("a measured table", FLASH_TABLES),
+               "unfused_attention": ("a measured table of unfused attention", UNFUSED_TABLES),
+               "nvlink_collectives": ("a measured table", tuple(TABLES))}
 
 
 def gpu_from_dict(data: dict, source: str) -> GPU:
@@ -258,25 +262,15 @@ def gpu_from_dict(data: dict, source: str) -> GPU:
             continue
         if key in ("fp8_tflops", "fp8_gemm_fraction", "network_ring_gbps") and value is None:
             continue
-        if key == "unfused_attention":
-            if value is not None and not (isinstance(value, str) and value in UNFUSED_TABLES):
-                raise HardwareError(f"{source}: unfused_attention must name a measured table of unfused attention "
-                                    f"({', '.join(UNFUSED_TABLES)}) or be null, got {value!r}")
+        if key in _TABLE_KEYS:
+            what, names = _TABLE_KEYS[key]
+            if value is not None and not (isinstance(value, str) and value in names):
+                raise HardwareError(f"{source}: {key} must name {what} ({', '.join(names)}) or be null, got {value!r}")
             continue
         if key == "fp8_transposes":
             if not isinstance(value, bool):
                 raise HardwareError(f"{source}: fp8_transposes must be true (Hopper: fp8 GEMMs need transposed "
                                     f"copies) or false (Blackwell), got {value!r}")
-            continue
-        if key == "attention_curve":
-            if value is not None and not (isinstance(value, str) and value in FLASH_TABLES):
-                raise HardwareError(f"{source}: attention_curve must name a measured table "
-                                    f"({', '.join(FLASH_TABLES)}) or be null, got {value!r}")
-            continue
-        if key == "nvlink_collectives":
-            if value is not None and not (isinstance(value, str) and value in TABLES):
-                raise HardwareError(f"{source}: nvlink_collectives must name a measured table ({', '.join(TABLES)}) "
-                                    f"or be null, got {value!r}")
             continue
         number = isinstance(value, (int, float)) and not isinstance(value, bool)
         if key in _COUNTS:

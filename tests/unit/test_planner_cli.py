@@ -143,6 +143,18 @@ def test_yaml_merge_keys_may_be_overridden_but_a_key_never_given_twice():
         _load_yaml(text + "  layers: 16\n")
 
 
+def _pinned_run_argv(case: dict, software: str, tmp_path) -> list[str]:
+    """`hybridpar plan` arguments that pin a validation run's model (written to a file), layout and batch."""
+    model = tmp_path / f"{case['id']}.json"
+    model.write_text(json.dumps({k: case[k] for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads",
+                                                       "vocab", "mlp", "tied_embeddings")} | {"name": case["id"]}))
+    argv = ["--model", str(model), "--gpus", str(case["num_gpus"]), "--gpu", "a100-80gb", "--seq-len", "2048",
+            "--global-batch", str(case["global_batch_seqs"]), "--software", software, "--json"]
+    for flag in ("tp", "pp", "cp", "dp", "micro_batch", "vpp", "zero_stage", "recompute"):
+        argv += [f"--{flag.replace('_stage', '').replace('_', '-')}", str(case[flag])]
+    return argv
+
+
 def test_nemo_megatrons_2022_runs_evaluate_from_the_command_line(capsys, tmp_path):
     """Each NeMo Megatron 2022 run (validation_runs.json, bignlp2208-*) pinned on the command line under
     --software nemo-megatron-2022, with --no-sequence-parallel where its recipe had sequence parallelism off,
@@ -152,13 +164,7 @@ def test_nemo_megatrons_2022_runs_evaluate_from_the_command_line(capsys, tmp_pat
     runs = [c for c in load_cases(VALIDATION_PATH) if c["id"].startswith("bignlp2208-")]
     assert len(runs) == 20
     for case in runs:
-        model = tmp_path / f"{case['id']}.json"
-        model.write_text(json.dumps({k: case[k] for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads",
-                                                           "vocab", "mlp", "tied_embeddings")} | {"name": case["id"]}))
-        argv = ["--model", str(model), "--gpus", str(case["num_gpus"]), "--gpu", "a100-80gb", "--seq-len", "2048",
-                "--global-batch", str(case["global_batch_seqs"]), "--software", "nemo-megatron-2022", "--json"]
-        for flag in ("tp", "pp", "cp", "dp", "micro_batch", "vpp", "zero_stage", "recompute"):
-            argv += [f"--{flag.replace('_stage', '').replace('_', '-')}", str(case[flag])]
+        argv = _pinned_run_argv(case, "nemo-megatron-2022", tmp_path)
         if not case["sequence_parallel"]:
             argv.append("--no-sequence-parallel")
         code, out, err = run(argv, capsys)
@@ -176,14 +182,7 @@ def test_flashattentions_own_training_runs_evaluate_from_the_command_line(capsys
     runs = [c for c in load_cases(VALIDATION_PATH) if c["id"].startswith("flashattn2211-")]
     assert len(runs) == 5
     for case in runs:
-        model = tmp_path / f"{case['id']}.json"
-        model.write_text(json.dumps({k: case[k] for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads",
-                                                           "vocab", "mlp", "tied_embeddings")} | {"name": case["id"]}))
-        argv = ["--model", str(model), "--gpus", "8", "--gpu", "a100-80gb", "--seq-len", "2048",
-                "--global-batch", str(case["global_batch_seqs"]), "--software", "flash-attn-training-2022", "--json"]
-        for flag in ("tp", "pp", "cp", "dp", "micro_batch", "vpp", "zero_stage", "recompute"):
-            argv += [f"--{flag.replace('_stage', '').replace('_', '-')}", str(case[flag])]
-        code, out, err = run(argv, capsys)
+        code, out, err = run(_pinned_run_argv(case, "flash-attn-training-2022", tmp_path), capsys)
         assert code == 0, err
         (plan,) = json.loads(out)["plans"]
         assert plan["step_time_s"] == pytest.approx(predict_case(case).cost.step_time_s, rel=1e-4, abs=5e-5), case["id"]
