@@ -93,7 +93,8 @@ PARTS = ("params", "grads", "optimizer", "activations", "logits", "pipeline_buff
 class StageMemory:
     """Peak bytes on one GPU of a pipeline stage, part by part; total is their sum."""
     stage: str
-    params: float  # 16-bit weights (the rank's ZeRO-3 shard); under fp8, Transformer Engine's cached fp8 copies too
+    params: float  # 16-bit weights (the rank's ZeRO-3 shard); under fp8, Transformer Engine's cached fp8 copies too;
+    # fp32 weights and their bf16 autocast copies where the stack keeps them (Software.autocast_fp32_weights)
     grads: float
     optimizer: float  # fp32 master weights, momentum, variance (sharded by ZeRO)
     activations: float  # tensors the layers keep for backward, every in-flight micro-batch
@@ -229,6 +230,8 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR, fp8_transpo
                                                   sw.zero2_reduce_once, sw.optimizer_state_bytes_per_param)
     if sw.keeps_16bit_grads:
         grads += 2 * n
+    if sw.autocast_fp32_weights:  # the fp32 weight and autocast's bf16 copy of it, where 2 bytes were counted
+        weights += 4 * n
     if sw.fp32_flat_shards and plan.zero_stage >= 3:
         weights, grads = 0.0, 4 * n / plan.zero_group
     if plan.precision == "fp8":  # Transformer Engine's fp8 weights (topology/fp8.py): cached beside the 16-bit ones,

@@ -448,3 +448,23 @@ def test_autocasts_weight_and_gradient_casts_are_paid_every_micro_batch():
     assert AUTOCAST_GRAD_BYTES == 24
     per_mb = hbm_time(24 * params_per_rank(plan, stage), gpu, sw.grad_accum_hbm_efficiency)
     assert added == pytest.approx(plan.grad_accum * per_mb, rel=1e-6)
+
+
+def test_autocast_over_fp32_weights_holds_them_and_a_bf16_copy():
+    """flash-attn-training-2022's memory: the fp32 weight and autocast's bf16 copy (6 bytes per parameter), fp32
+    gradients, and only Adam's two moments as optimizer state, sharded over DP under ZeRO-1; its step reads the
+    weight, gradient and moments and writes the weight and moments (28 bytes)."""
+    from hybridpar.topology.cost import optimizer_step_bytes
+    from hybridpar.topology.memory import stage_memory
+    from hybridpar.topology.software import FLASH_ATTN_TRAINING_2022
+    from hybridpar.topology.stages import params_per_rank, stages
+
+    sw = FLASH_ATTN_TRAINING_2022
+    m = ModelSpec(32, 2560, 10240, 20, 20, 50264, "gelu", "gpt3-2.7b")
+    plan = Plan(m, 2048, 512, dp=8, micro_batch=4, zero_stage=1, gpu="a100-80gb")
+    (stage,) = stages(plan)
+    n = params_per_rank(plan, stage)
+    mem = stage_memory(plan, stage, sw)
+    assert mem.params == pytest.approx(6 * n) and mem.grads == pytest.approx(4 * n)
+    assert mem.optimizer == pytest.approx(8 * n / 8)
+    assert optimizer_step_bytes(sw, 1, 8) == optimizer_step_bytes(sw, 0, 8) == 28

@@ -193,15 +193,19 @@ TORCHTITAN_2024 = replace(_PYTORCH_FSDP, name="torchtitan-2024", label="torchtit
 #   behind the last micro-batch's backward (Lightning skips the sync on the others).
 # * ZeroRedundancyOptimizer: each rank steps its eighth, then broadcasts its updated fp32 parameters, after the
 #   step and not overlapped: costed as the planner's 16-bit gather so placed (the fp32 broadcast moves twice its
-#   bytes: under 0.2% of these steps). The step itself as a fused Adam's (torch's AdamW and the clipping move
-#   more: under 0.5%).
-# * Memory is the planner's 16-bit weights and fp32 master copy: fp32 weights with their bf16 autocast copies hold
-#   the same under DDP and 3.5 bytes per parameter more under ZeRO-1 (not modelled; these runs fit with room).
+#   bytes: under 0.2% of these steps). The step as a fused Adam on fp32 weights: read the weight, gradient and both
+#   moments, write the weight and moments, 28 bytes per parameter (torch's AdamW and the clipping move more: under
+#   0.5% of these steps).
+# * Memory: the fp32 weights with autocast's bf16 copies (autocast_fp32_weights), fp32 gradients, the two moments
+#   (sharded over DP under ZeRO-1).
 AUTOCAST_GRAD_BYTES = 6 + 6 + 12
+FP32_ADAM_STEP_BYTES = 4 * 4 + 3 * 4
 FLASH_ATTN_TRAINING_2022 = replace(MEGATRON_CORE, name="flash-attn-training-2022",
                                    label="FlashAttention's GPT training 2022 (Lightning DDP, FlashAttention 1.x)",
                                    sequence_parallel=False, zero_stages=(0, 1), recompute_modes=("none",),
                                    model_parallel_axes=(), attention_kernel="flash1", dropout=True, rotary=False,
                                    fp32_grads=True, grad_accum_bytes_per_param=AUTOCAST_GRAD_BYTES,
                                    full_grad_allreduce=True, overlap_param_gather=False, gelu_in_gemm_epilogue=True,
-                                   cross_entropy="fused-16bit", fp8=None, optimizer_step_bytes_counted=None)
+                                   cross_entropy="fused-16bit", fp8=None, autocast_fp32_weights=True,
+                                   optimizer_state_bytes_per_param=8,
+                                   optimizer_step_bytes_counted=(FP32_ADAM_STEP_BYTES,) * 3)

@@ -254,6 +254,10 @@ class Software:
     # rotate-half otherwise), SwiGLU as silu and a product of two separate projections' outputs, the K and V
     # heads of grouped-query attention repeated into every query head's before the attention kernel.
     norm_fusion: bool = True
+    # Weights kept as fp32 parameters that the optimizer steps in place (PyTorch's autocast over an fp32 model), with
+    # autocast's bf16 copy of each held from its forward to its backward: 4 + 2 bytes per parameter in place of the
+    # 16-bit weight, and no master copy in the optimizer state (optimizer_state_bytes_per_param: the moments only).
+    autocast_fp32_weights: bool = False
     # The MLP's GELU in the first GEMM's epilogue (cuBLASLt's GELU_AUX, its gradient DGELU in the data-gradient
     # GEMM: flash-attn's FusedDenseGeluDense): no pass of its own, only the pre-activation it keeps, written forward
     # and read backward. False: a pass over the activation (megatron's fused bias-GELU is one).
