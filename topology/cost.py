@@ -25,9 +25,8 @@ from .flops import causal_attention_flops, model_flops_per_seq
 from .fp8 import (AMAX_BYTES, CURRENT, CURRENT_SCALING_KERNELS, GATHER_SHARE, TRANSFORMER_ENGINE, amax_reductions,
                   current_scaling_bytes, layer_cast_bytes, layer_cast_kernels)
 from .hardware import GPU, get_gpu
-from .kernels import (FLASH_BACKWARD_RATIO, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES,
-                      SWIGLU_UNFUSED_HBM, SWIGLU_UNFUSED_PASSES, attention_kernel_slowdown, attention_shape_factor,
-                      gemm_fwd_bwd, gemm_time,
+from .kernels import (FLASH_BACKWARD_RATIO, ROPE_UNFUSED_HBM, ROPE_UNFUSED_PASSES, SWIGLU_UNFUSED_HBM,
+                      SWIGLU_UNFUSED_PASSES, attention_kernel_slowdown, attention_shape_factor, gemm_fwd_bwd, gemm_time,
                       hbm_time, kernel_bound, unfused_attention_core, unfused_attention_slowdown, unfused_time)
 from .links import (allreduce_time, collective_time, dp_link_gbps, dp_ranks_per_node, group_nodes, link_time,
                     nccl_latency, nccl_sm_share, pp_crosses_nodes, sm_contention)

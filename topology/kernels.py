@@ -217,9 +217,8 @@ def attention_kernel_slowdown(kernel: str, seq: int, head_dim: int) -> tuple[flo
 
 def _measured_rate(table: str, seq: int, head_dim: int) -> float:
     """A measured table's fraction of the dense peak at this sequence length and head dimension."""
-    at128 = _on_curve(attention_curve(table), seq)
-    at64 = _on_curve(head64_curve(table), seq) if head64_curve(table) else at128
-    return _by_head_dim(at64, at128, head_dim)
+    at128, head64 = _on_curve(attention_curve(table), seq), head64_curve(table)
+    return _by_head_dim(_on_curve(head64, seq) if head64 else at128, at128, head_dim)
 
 
 def _by_head_dim(at64: float, at128: float, head_dim: int) -> float:
