@@ -157,14 +157,14 @@ def _pinned_run_argv(case: dict, software: str, tmp_path) -> list[str]:
 
 def test_nemo_megatrons_2022_runs_evaluate_from_the_command_line(capsys, tmp_path):
     """Each NeMo Megatron 2022 run (validation_runs.json, bignlp2208-*) pinned on the command line under
-    --software nemo-megatron-2022, with --no-sequence-parallel where its recipe had sequence parallelism off,
-    gives exactly the step time the validation costs it at."""
+    --software nemo-megatron-2022, or nemo-megatron-2022-o1 for the autocast (O1) runs, with --no-sequence-parallel
+    where its recipe had sequence parallelism off, gives exactly the step time the validation costs it at."""
     from hybridpar.topology.cases import VALIDATION_PATH, load_cases, predict_case
 
     runs = [c for c in load_cases(VALIDATION_PATH) if c["id"].startswith("bignlp2208-")]
-    assert len(runs) == 20
+    assert len(runs) == 30 and sum(c["id"].endswith("-o1") for c in runs) == 10
     for case in runs:
-        argv = _pinned_run_argv(case, "nemo-megatron-2022", tmp_path)
+        argv = _pinned_run_argv(case, case["software"], tmp_path)
         if not case["sequence_parallel"]:
             argv.append("--no-sequence-parallel")
         code, out, err = run(argv, capsys)

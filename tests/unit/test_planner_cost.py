@@ -413,6 +413,62 @@ def test_nemo_2022_overlaps_its_dp_all_reduce_only_without_a_pipeline():
     assert dp(2, NEMO_MEGATRON_2022) > dp(2, always) and dp(1, NEMO_MEGATRON_2022, sp=True) > dp(1, always, sp=True)
 
 
+GPT3_5B = ModelSpec(24, 4096, 16384, 32, 32, 50432, "gelu", "gpt3-5b", tied_embeddings=True)
+
+
+def test_nemo_2022_o1_all_reduces_after_the_flush_even_without_a_pipeline():
+    """NeMo 1.11's O1 (megatron_amp_O2=False): "async grad allreduce is not currently implemented for O1", so the fp32
+    gradients are all-reduced after the last backward, exposed, where O2 hides them behind it without PP."""
+    from hybridpar.topology.software import NEMO_MEGATRON_2022, NEMO_MEGATRON_2022_O1
+
+    plan = Plan(GPT3_5B, 2048, 1440, tp=2, pp=1, dp=16, micro_batch=2, zero_stage=0, gpu="a100-80gb",
+                sequence_parallel=False)
+    o1, o2 = step_cost(plan, NEMO_MEGATRON_2022_O1), step_cost(plan, NEMO_MEGATRON_2022)
+    overlapped = step_cost(plan, replace(NEMO_MEGATRON_2022_O1, overlap_grad_reduce=True))
+    assert o1.dp_s > overlapped.dp_s and o2.dp_s == pytest.approx(overlapped.dp_s, rel=1e-9)
+
+
+def test_autocast_over_megatron_moves_the_fp32_residual_streams_counted_bytes():
+    """nemo-megatron-2022-o1's layer beyond the 16-bit one (other_stacks.py counts it): forward 20 bytes per hidden
+    element (the norms' input casts, the fp32 bias-dropout-adds) and 8 per element of the TP-split intermediate (the
+    fp32 GELU output and its cast), backward 44 and 16, all at HBM bandwidth; the hidden ones are not split over TP
+    without sequence parallelism."""
+    from hybridpar.topology.cost import layer_time
+    from hybridpar.topology.kernels import hbm_time
+    from hybridpar.topology.software import NEMO_MEGATRON_2022_O1
+
+    gpu, tokens, tp = get_gpu("a100-80gb"), 2 * 2048, 4
+    o1 = NEMO_MEGATRON_2022_O1
+    assert o1.autocast_residual_bytes == ((20, 8), (44, 16))
+    a, b = (layer_time(GPT3_5B, gpu, "bf16", 2048, 2, tp, 1, False, "none", sw, 8)
+            for sw in (replace(o1, autocast_residual_bytes=((0, 0), (0, 0))), o1))
+    h, f = GPT3_5B.hidden, GPT3_5B.ffn_hidden
+    assert b.fwd - a.fwd == pytest.approx(hbm_time(tokens * (20 * h + 8 * f / tp), gpu), rel=1e-6)
+    assert b.bwd - a.bwd == pytest.approx(hbm_time(tokens * (44 * h + 16 * f / tp), gpu), rel=1e-6)
+
+
+def test_nemo_2022_o1_holds_fp32_weights_and_steps_them_after_flattening_the_gradients():
+    """O1's memory and step: the fp32 weights with a micro-batch's bf16 copies (6 bytes per parameter), fp32 .grad,
+    Adam's two moments and no master copy (8); the step flattens, divides and copies back the gradients around the
+    all-reduce (24 bytes) beside FusedAdam's 28 on fp32 weights; every micro-batch pays autocast's weight cast,
+    gradient cast and accumulation (24)."""
+    from hybridpar.topology.cost import optimizer_step_bytes
+    from hybridpar.topology.memory import stage_memory
+    from hybridpar.topology.software import AUTOCAST_GRAD_BYTES, NEMO_MEGATRON_2022_O1
+    from hybridpar.topology.stages import params_per_rank, stages
+
+    sw = NEMO_MEGATRON_2022_O1
+    plan = Plan(GPT3_5B, 2048, 1440, tp=2, pp=1, dp=16, micro_batch=2, zero_stage=0, gpu="a100-80gb",
+                sequence_parallel=False)
+    (stage,) = stages(plan)
+    n = params_per_rank(plan, stage)
+    mem = stage_memory(plan, stage, sw)
+    assert mem.params == pytest.approx(6 * n) and mem.grads == pytest.approx(4 * n)
+    assert mem.optimizer == pytest.approx(8 * n)
+    assert optimizer_step_bytes(sw, 0, 16) == optimizer_step_bytes(sw, 0, 1) == 28 + 24
+    assert sw.grad_accum_bytes_per_param == AUTOCAST_GRAD_BYTES == 24
+
+
 def test_gelu_in_the_gemm_epilogue_costs_only_the_kept_pre_activation():
     """FusedDenseGeluDense (flash-attn-training-2022): no GELU pass of its own, only the pre-activation the epilogue
     keeps, written forward and read backward: the layer saves 2 of the pass's 4 bytes per element of the

@@ -292,7 +292,8 @@ def test_the_readme_quotes_the_current_validation():
                    f"lean {s.signed_bias:+.1%} high", f"{s.memory_right} of {s.memory_checked} memory verdicts right",
                    f"Spearman {s.sweeps['bloom-tr11-2022-02-21']:.3f}, {s.sweeps['bloom-tr11-2022-02-25']:.3f} and "
                    f"{s.sweeps['bloom-tr11-2022-02-28']:.3f}, NeMo Megatron's nine of GPT-3 5B at "
-                   f"{s.sweeps['bignlp-2208-gpt3-5b-32']:.3f}",
+                   f"{s.sweeps['bignlp-2208-gpt3-5b-32']:.3f} and seven more under autocast (O1) at "
+                   f"{s.sweeps['bignlp-2208-gpt3-5b-o1-32']:.3f}",
                    f"NeMo Megatron's own 2022 runs there too, {s.by_stack['NeMo Megatron 2022 (NVIDIA)'][2]:+.0%})",
                    f"{s.by_gpu['h100-80gb'][2]:+.1%} on H100, {s.by_gpu['a100-80gb'][2]:+.1%} on A100 80GB and "
                    f"{s.by_gpu['a100-40gb'][2]:+.1%} on A100 40GB",
