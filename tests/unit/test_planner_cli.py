@@ -149,7 +149,8 @@ def _pinned_run_argv(case: dict, software: str, tmp_path) -> list[str]:
     model.write_text(json.dumps({k: case[k] for k in ("layers", "hidden", "ffn_hidden", "heads", "kv_heads",
                                                        "vocab", "mlp", "tied_embeddings")} | {"name": case["id"]}))
     argv = ["--model", str(model), "--gpus", str(case["num_gpus"]), "--gpu", "a100-80gb", "--seq-len", "2048",
-            "--global-batch", str(case["global_batch_seqs"]), "--software", software, "--json"]
+            "--global-batch", str(case["global_batch_seqs"]), "--software", software, "--precision", case["precision"],
+            "--json"]
     for flag in ("tp", "pp", "cp", "dp", "micro_batch", "vpp", "zero_stage", "recompute"):
         argv += [f"--{flag.replace('_stage', '').replace('_', '-')}", str(case[flag])]
     return argv
@@ -157,12 +158,14 @@ def _pinned_run_argv(case: dict, software: str, tmp_path) -> list[str]:
 
 def test_nemo_megatrons_2022_runs_evaluate_from_the_command_line(capsys, tmp_path):
     """Each NeMo Megatron 2022 run (validation_runs.json, bignlp2208-*) pinned on the command line under
-    --software nemo-megatron-2022, or nemo-megatron-2022-o1 for the autocast (O1) runs, with --no-sequence-parallel
-    where its recipe had sequence parallelism off, gives exactly the step time the validation costs it at."""
+    --software nemo-megatron-2022, or nemo-megatron-2022-o1 for the autocast (O1) runs (bf16 and fp16), with
+    --no-sequence-parallel where its recipe had sequence parallelism off, gives exactly the step time the validation
+    costs it at."""
     from hybridpar.topology.cases import VALIDATION_PATH, load_cases, predict_case
 
     runs = [c for c in load_cases(VALIDATION_PATH) if c["id"].startswith("bignlp2208-")]
-    assert len(runs) == 30 and sum(c["id"].endswith("-o1") for c in runs) == 10
+    assert len(runs) == 36 and sum(c["software"] == "nemo-megatron-2022-o1" for c in runs) == 16
+    assert sum(c["precision"] == "fp16" for c in runs) == 6
     for case in runs:
         argv = _pinned_run_argv(case, case["software"], tmp_path)
         if not case["sequence_parallel"]:

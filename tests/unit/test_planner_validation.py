@@ -104,7 +104,7 @@ def _mark(run_id, misses):
 
 def test_runs_have_sources_and_none_is_a_public_case():
     assert len(TIMED) >= 20 and len(RUNS) - len(TIMED) >= 3
-    assert all(r["source"].startswith("https://") and r["precision"] in ("bf16", "fp8") for r in RUNS)
+    assert all(r["source"].startswith("https://") and r["precision"] in ("bf16", "fp16", "fp8") for r in RUNS)
     if CASES_PATH.is_file():
         assert not {r["id"] for r in RUNS} & {c["id"] for c in load_cases()}
 
@@ -294,8 +294,8 @@ def test_the_readme_quotes_the_current_validation():
                    f"{s.sweeps['bloom-tr11-2022-02-28']:.3f}, NeMo Megatron's nine of GPT-3 5B at "
                    f"{s.sweeps['bignlp-2208-gpt3-5b-32']:.3f} and seven more under autocast (O1) at "
                    f"{s.sweeps['bignlp-2208-gpt3-5b-o1-32']:.3f}",
-                   f"NeMo Megatron's own 2022 runs there too, {s.by_stack['NeMo Megatron 2022 (NVIDIA)'][2]:+.0%})",
-                   f"{s.by_gpu['h100-80gb'][2]:+.1%} on H100, {s.by_gpu['a100-80gb'][2]:+.1%} on A100 80GB and "
+                   f"{s.by_gpu['h100-80gb'][2]:+.1%} on H100, {s.by_gpu['a100-80gb'][2]:+.1%} on A100 80GB (NeMo "
+                   f"Megatron's own 2022 runs there, {s.by_stack['NeMo Megatron 2022 (NVIDIA)'][2]:+.0%}) and "
                    f"{s.by_gpu['a100-40gb'][2]:+.1%} on A100 40GB",
                    f"{s.by_gpu['b200-180gb'][2]:+.1%} on B200 ({s.by_gpu['b200-180gb'][0]} runs, 8K to 1M tokens)",
                    f"{s.by_stack['NeMo 1'][2]:+.1%} on NeMo 1 and {s.by_stack['NeMo 2'][2]:+.1%} on NeMo 2 "
