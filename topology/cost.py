@@ -150,9 +150,6 @@ def layer_time(m: ModelSpec, gpu: GPU, precision: str, seq: int, mb: int, tp: in
     ew = tokens * (hidden_bytes / (tp if sp else 1) + act_bytes + rope_bytes)
     fwd += hbm_time(ew, gpu)
     bwd += hbm_time(2 * ew, gpu)
-    (res_f, mlp_f), (res_b, mlp_b) = sw.autocast_residual_bytes
-    fwd += hbm_time(tokens * (res_f * h / (tp if sp else 1) + mlp_f * f / tp), gpu)
-    bwd += hbm_time(tokens * (res_b * h / (tp if sp else 1) + mlp_b * f / tp), gpu)
     if gelu_epilogue:  # the pre-activation the epilogue keeps: written forward, read by DGELU backward
         fwd, bwd = fwd + hbm_time(tokens * 2 * f / tp, gpu), bwd + hbm_time(tokens * 2 * f / tp, gpu)
     halves = sw.rope_style == "rotate-half"

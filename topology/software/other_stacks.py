@@ -217,18 +217,12 @@ FLASH_ATTN_TRAINING_2022 = replace(MEGATRON_CORE, name="flash-attn-training-2022
 #   weight cache) and runs with autocast off: each micro-batch casts every weight to bf16 (read 4, write 2), its bf16
 #   weight gradient is cast back by autograd (read 2, write 4) and added into the fp32 .grad (read 4 + 4, write 4):
 #   AUTOCAST_GRAD_BYTES per parameter and micro-batch.
-# * The residual stream is fp32 (fp32 embeddings; the fp32 bias of the skip_bias_add linears promotes the bias-dropout-add
-#   and bias-GELU outputs). Forward, per token beyond the 16-bit layer: each LayerNorm's input cast to bf16 (read 4,
-#   write 2: 2 x 6 h), each bias-dropout-add reading the residual and writing its output in fp32 (2 x 4 h), the GELU
-#   writing fp32 (2 per element of the intermediate) that the second GEMM's input cast reads and writes again (6):
-#   20 h and 8 per intermediate element. Backward: each norm's cast returns an fp32 gradient (read 2, write 4) that
-#   the fp32 residual gradient adds (6 more than in 16 bits): 2 x 12 h; each bias-dropout-add reads the fp32
-#   gradient (2 more), writes its input's gradient in fp32 (2) and autograd casts it to bf16 (6): 2 x 10 h; the
-#   second GEMM's input cast returns fp32 (6), the GELU's backward reads it (2) and writes fp32 (2) that autograd casts
-#   to bf16 (6): 16 per intermediate element.
-# * Kernels per layer beyond the 16-bit layer's: forward 12 casts (each norm's input, weight and bias; the four weights;
-#   the QKV bias; the second MLP GEMM's input); backward their 12 casts back, the 4 weights' gradient additions that
-#   gradient_accumulation_fusion made part of the GEMM, and autograd's 3 casts of fp32 input gradients to bf16.
+# * NeMo's fused bias-dropout-add and bias-GELU (fused_bias_dropout_add.py, fused_bias_gelu.py) cast their arguments the
+#   same way, the fp32 biases and the embeddings' fp32 output included, so every activation after the first layer's
+#   first residual add is bf16: the layer moves the 16-bit layer's bytes per token.
+# * Kernels per layer beyond the 16-bit layer's: forward 12 casts (each norm's weight and bias, the four GEMM weights,
+#   the QKV bias, the three biases the fused functions take); backward their 12 casts back and the 4 weights' gradient
+#   additions that gradient_accumulation_fusion made part of the GEMM.
 # * MegatronGPTModel.training_step: "async grad allreduce is not currently implemented for O1/autocasting mixed
 #   precision training so we all-reduce gradients after the pipeline" (allreduce_gradients: the fp32 .grad flattened
 #   into one buffer, read 4 and write 4, divided by DP in place, 8, all-reduced, and copied back, 8), then apex's
@@ -241,6 +235,5 @@ NEMO_MEGATRON_2022_O1 = replace(NEMO_MEGATRON_2022, name="nemo-megatron-2022-o1"
                                 overlap_grad_reduce=False, grad_accum_bytes_per_param=AUTOCAST_GRAD_BYTES,
                                 autocast_fp32_weights=True, optimizer_state_bytes_per_param=8,
                                 optimizer_step_bytes_counted=(FP32_ADAM_STEP_BYTES + O1_ALLREDUCE_COPY_BYTES,) * 3,
-                                autocast_residual_bytes=((20, 8), (44, 16)),
                                 kernels_per_layer=(NEMO_MEGATRON_2022.kernels_per_layer[0] + 12,
-                                                   NEMO_MEGATRON_2022.kernels_per_layer[1] + 19))
+                                                   NEMO_MEGATRON_2022.kernels_per_layer[1] + 16))

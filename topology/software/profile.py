@@ -262,11 +262,6 @@ class Software:
     # GEMM: flash-attn's FusedDenseGeluDense): no pass of its own, only the pre-activation it keeps, written forward
     # and read backward. False: a pass over the activation (megatron's fused bias-GELU is one).
     gelu_in_gemm_epilogue: bool = False
-    # HBM bytes per token that autocast over an fp32 Megatron layer moves beyond the 16-bit layer, ((forward per
-    # hidden element, forward per element of the TP-split MLP intermediate), (backward, backward)): the residual
-    # stream stays fp32 (fp32 embeddings and biases promote the bias-dropout-add and bias-GELU outputs) and is cast
-    # to 16 bits again before each norm and the second MLP GEMM (other_stacks.NEMO_MEGATRON_2022_O1 counts them).
-    autocast_residual_bytes: tuple[tuple[int, int], tuple[int, int]] = ((0, 0), (0, 0))
     rope_style: str = "rotate-half"
     swiglu_separate_projections: bool = False
     kv_heads_repeated: bool = False
