@@ -245,6 +245,8 @@ def stage_memory(plan: Plan, stage: Stage, sw: Software = HYBRIDPAR, fp8_transpo
     act = chunks * layers_per_chunk * layer_activation_bytes(plan, sw, fp8_transposes=fp8_transposes)
     if plan.recompute in ("full", "every-other-block", "op-selective") and stage.layers:  # a block recomputed
         act += layer_activation_bytes(plan, sw, True, fp8_transposes)
+    if sw.autocast_fp32_weights and sw.autocast_copy_per_micro_batch:  # beyond the copy counted with the weights
+        act += (chunks - 1) * 2 * stage.layers * layer_params_per_rank(plan)
     if stage.has_embedding:  # embedding output of every in-flight micro-batch
         act += min(chunks, plan.grad_accum) * tokens * 2 * m.hidden / t
     logits = 0.0

@@ -468,6 +468,26 @@ def test_nemo_2022_o1_holds_fp32_weights_and_steps_them_after_flattening_the_gra
     assert sw.grad_accum_bytes_per_param == AUTOCAST_GRAD_BYTES == 24
 
 
+def test_nemo_2022_o1_keeps_a_bf16_weight_copy_for_every_micro_batch_in_flight():
+    """apex's linears save the bf16 weight they cast for their backward, so under 1F1B the first of 4 stages holds 4
+    micro-batches' copies (one counted with the weights), the last stage one; without a pipeline nothing more."""
+    from hybridpar.topology.memory import stage_memory
+    from hybridpar.topology.software import NEMO_MEGATRON_2022_O1
+    from hybridpar.topology.stages import layer_params_per_rank, stages
+
+    once = replace(NEMO_MEGATRON_2022_O1, autocast_copy_per_micro_batch=False)
+    plan = Plan(GPT3_5B, 2048, 1440, tp=2, pp=4, dp=4, micro_batch=2, zero_stage=0, gpu="a100-80gb",
+                sequence_parallel=False)
+    first, *_, last = stages(plan)
+    extra = [stage_memory(plan, st, NEMO_MEGATRON_2022_O1).activations - stage_memory(plan, st, once).activations
+             for st in (first, last)]
+    assert extra[0] == pytest.approx(3 * 2 * first.layers * layer_params_per_rank(plan)) and extra[1] == 0
+    flat = Plan(GPT3_5B, 2048, 1440, tp=2, pp=1, dp=16, micro_batch=2, zero_stage=0, gpu="a100-80gb",
+                sequence_parallel=False)
+    (only,) = stages(flat)
+    assert stage_memory(flat, only, NEMO_MEGATRON_2022_O1).total == stage_memory(flat, only, once).total
+
+
 def test_gelu_in_the_gemm_epilogue_costs_only_the_kept_pre_activation():
     """FusedDenseGeluDense (flash-attn-training-2022): no GELU pass of its own, only the pre-activation the epilogue
     keeps, written forward and read backward: the layer saves 2 of the pass's 4 bytes per element of the

@@ -258,6 +258,10 @@ class Software:
     # autocast's bf16 copy of each held from its forward to its backward: 4 + 2 bytes per parameter in place of the
     # 16-bit weight, and no master copy in the optimizer state (optimizer_state_bytes_per_param: the moments only).
     autocast_fp32_weights: bool = False
+    # ... and each micro-batch casts the weights anew and keeps its copies until its backward (apex's linears save the
+    # cast weight), so the 1F1B schedule's in-flight micro-batches hold one bf16 copy each; False: one copy a step
+    # (autocast's own weight cache, as under PyTorch Lightning's autocast without a pipeline).
+    autocast_copy_per_micro_batch: bool = False
     # The MLP's GELU in the first GEMM's epilogue (cuBLASLt's GELU_AUX, its gradient DGELU in the data-gradient
     # GEMM: flash-attn's FusedDenseGeluDense): no pass of its own, only the pre-activation it keeps, written forward
     # and read backward. False: a pass over the activation (megatron's fused bias-GELU is one).
