@@ -466,6 +466,7 @@ def test_nemo_2022_o1_holds_fp32_weights_and_steps_them_after_flattening_the_gra
     assert mem.optimizer == pytest.approx(8 * n)
     assert optimizer_step_bytes(sw, 0, 16) == optimizer_step_bytes(sw, 0, 1) == 28 + 24
     assert sw.grad_accum_bytes_per_param == AUTOCAST_GRAD_BYTES == 24
+    assert sw.zero_stages == (0,)  # "Distributed optimizers require O2"
 
 
 def test_nemo_2022_o1_keeps_a_bf16_weight_copy_for_every_micro_batch_in_flight():

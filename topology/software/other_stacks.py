@@ -227,12 +227,13 @@ FLASH_ATTN_TRAINING_2022 = replace(MEGATRON_CORE, name="flash-attn-training-2022
 #   precision training so we all-reduce gradients after the pipeline" (allreduce_gradients: the fp32 .grad flattened
 #   into one buffer, read 4 and write 4, divided by DP in place, 8, all-reduced, and copied back, 8), then apex's
 #   FusedAdam on the fp32 parameters (FP32_ADAM_STEP_BYTES): 52 bytes per parameter of the step, no master copy.
+#   No ZeRO: "Distributed optimizers require O2" (MegatronGPTModel.__init__).
 # * Memory: fp32 weights and a bf16 copy of each for every micro-batch in flight (autocast_fp32_weights,
 #   autocast_copy_per_micro_batch: the linears save the cast weight for their backward).
 O1_ALLREDUCE_COPY_BYTES = 8 + 8 + 8
 NEMO_MEGATRON_2022_O1 = replace(NEMO_MEGATRON_2022, name="nemo-megatron-2022-o1",
                                 label="NeMo Megatron 2022 (autocast O1, FusedAdam on fp32 weights)",
-                                overlap_grad_reduce=False, grad_accum_bytes_per_param=AUTOCAST_GRAD_BYTES,
+                                zero_stages=(0,), overlap_grad_reduce=False, grad_accum_bytes_per_param=AUTOCAST_GRAD_BYTES,
                                 autocast_fp32_weights=True, autocast_copy_per_micro_batch=True,
                                 optimizer_state_bytes_per_param=8,
                                 optimizer_step_bytes_counted=(FP32_ADAM_STEP_BYTES + O1_ALLREDUCE_COPY_BYTES,) * 3,
