@@ -211,8 +211,9 @@ FLASH_ATTN_TRAINING_2022 = replace(MEGATRON_CORE, name="flash-attn-training-2022
                                    optimizer_step_bytes_counted=(FP32_ADAM_STEP_BYTES,) * 3)
 
 # NeMo Megatron 2022 with megatron_amp_O2=False ("O1"; NeMo-Framework-Launcher's release-performance CI, train_gpt3_model.sh
-# AMP_STYLE=O1: also gradient_accumulation_fusion=False): the same layers over fp32 parameters under PyTorch Lightning's
-# autocast, counted from NeMo v1.11.0 and apex's tensor_parallel/layers.py and fused_layer_norm.py of 2022 [V]:
+# AMP_STYLE=O1: also gradient_accumulation_fusion=False): the same layers over fp32 parameters, each transformer layer's
+# forward under torch.autocast (NeMo v1.11.0 transformer.py ParallelTransformerLayer), counted from NeMo v1.11.0 and
+# apex's tensor_parallel/layers.py and layer norms (contrib/layer_norm, fused_layer_norm.py) of 2022 [V]:
 # * Every linear and LayerNorm casts its fp32 arguments with apex's _cast_if_autocast_enabled (a .to(), not autocast's
 #   weight cache) and runs with autocast off: each micro-batch casts every weight to bf16 (read 4, write 2), its bf16
 #   weight gradient is cast back by autograd (read 2, write 4) and added into the fp32 .grad (read 4 + 4, write 4):
