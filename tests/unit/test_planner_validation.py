@@ -123,13 +123,13 @@ LONG_SEQUENCE_TABLES = ("nemo2403-llama2-7b-", "nemo2504-llama3-8b-b200-")
 
 def test_userbuffers_only_where_a_run_could_have_them():
     """tp_comm_overlap marks runs whose recipe set up Transformer Engine's userbuffers: every NeMo run with TP > 1
-    whose recipe is published, Megatron-Core 0.8's table and Megatron-Bridge's recipes; each has TP > 1 inside a
-    node and a stack with sequence parallelism and TE."""
+    whose recipe is published, Megatron-Core 0.8's table, Megatron-Bridge's recipes and NVIDIA's MLPerf GPT-3
+    submissions; each has TP > 1 inside a node and a stack with sequence parallelism and TE."""
     from hybridpar.topology.software import PROFILES
 
     marked = [r for r in RUNS if r.get("tp_comm_overlap")]
     assert {r["id"] for r in marked} == {r["id"] for r in RUNS
-                                         if r["id"].startswith(("nemo", "mcore08", "mbridge")) and r["tp"] > 1
+                                         if r["id"].startswith(("nemo", "mcore08", "mbridge", "mlperf")) and r["tp"] > 1
                                          and not r["id"].startswith(LONG_SEQUENCE_TABLES)}
     for r in marked:
         profile = PROFILES[r["software"]]
@@ -301,7 +301,8 @@ def test_the_readme_quotes_the_current_validation():
                    f"Spearman {s.sweeps['bloom-tr11-2022-02-21']:.3f}, {s.sweeps['bloom-tr11-2022-02-25']:.3f} and "
                    f"{s.sweeps['bloom-tr11-2022-02-28']:.3f}, NeMo Megatron's nine of GPT-3 5B at "
                    f"{s.sweeps['bignlp-2208-gpt3-5b-32']:.3f} and seven more under autocast (O1) at "
-                   f"{s.sweeps['bignlp-2208-gpt3-5b-o1-32']:.3f}",
+                   f"{s.sweeps['bignlp-2208-gpt3-5b-o1-32']:.3f}, NVIDIA's MLPerf GPT-3 175B from 512 to 10,752 H100s at "
+                   f"{s.sweeps['mlperf-v3.1-gpt3-eos']:.3f}",
                    f"{s.by_gpu['h100-80gb'][2]:+.1%} on H100, {s.by_gpu['a100-80gb'][2]:+.1%} on A100 80GB (NeMo "
                    f"Megatron's own 2022 runs there, {s.by_stack['NeMo Megatron 2022 (NVIDIA)'][2]:+.0%}) and "
                    f"{s.by_gpu['a100-40gb'][2]:+.1%} on A100 40GB",
