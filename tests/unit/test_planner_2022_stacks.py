@@ -9,25 +9,23 @@ from hybridpar.topology.hardware import get_gpu
 from hybridpar.topology.models import ModelSpec
 from hybridpar.topology.plan import Plan
 
+GPT3_5B = ModelSpec(24, 4096, 16384, 32, 32, 50432, "gelu", "gpt3-5b", tied_embeddings=True)
+
 
 def test_nemo_2022_overlaps_its_dp_all_reduce_only_without_a_pipeline():
     """NeMo 1.11 (MegatronGPTModel.training_step): O2's all-reduce of the fp32 main grads runs during the last
     backward without PP or SP, after the flush with either (Software.grad_reduce_after_flush_with_pp)."""
     from hybridpar.topology.software import NEMO_MEGATRON_2022
 
-    gpt5b = ModelSpec(24, 4096, 16384, 32, 32, 50432, "gelu", "gpt3-5b", tied_embeddings=True)
     always = replace(NEMO_MEGATRON_2022, grad_reduce_after_flush_with_pp=False)
 
     def dp(pp, sw, sp=False):
-        plan = Plan(gpt5b, 2048, 1440, tp=2, pp=pp, dp=16 // pp, micro_batch=2, zero_stage=0, gpu="a100-80gb",
+        plan = Plan(GPT3_5B, 2048, 1440, tp=2, pp=pp, dp=16 // pp, micro_batch=2, zero_stage=0, gpu="a100-80gb",
                     sequence_parallel=sp)
         return step_cost(plan, sw).dp_s
 
     assert dp(1, NEMO_MEGATRON_2022) == dp(1, always)
     assert dp(2, NEMO_MEGATRON_2022) > dp(2, always) and dp(1, NEMO_MEGATRON_2022, sp=True) > dp(1, always, sp=True)
-
-
-GPT3_5B = ModelSpec(24, 4096, 16384, 32, 32, 50432, "gelu", "gpt3-5b", tied_embeddings=True)
 
 
 def test_nemo_2022_o1_all_reduces_after_the_flush_even_without_a_pipeline():
