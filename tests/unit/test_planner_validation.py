@@ -1,6 +1,7 @@
 """Out-of-sample check: published runs the planner was not built on (topology/data/validation_runs.json:
 NVIDIA DGX Cloud benchmark recipes on H100, BigScience's two sweeps of layouts of one 181B model on
-384 A100s (19 layouts on 02-25, 3 of which ran out of memory; 7 micro-batch sizes of two layouts on 02-21) and its
+384 A100s (24 rows on 02-25, 3 of which ran out of memory; 12 on 02-21: micro-batch sizes of two layouts of it and
+of a 196B, and a 187B on 320) and its
 02-28 sweep of layouts and shapes of 176-206B models under BF16_Optimizer (20 rows, 3 out of memory), Megatron-Turing
 NLG 530B on 2,240-3,360 A100s, MosaicML's MPT
 benchmarks under PyTorch FSDP on A100 and H100, and Megatron-Core 0.8's weak-scaling table of nine GPT models on up to
@@ -30,13 +31,18 @@ _SWEEP = ("predicted high by 16-25%: costed on the stack the sweep ran (DeepSpee
           "docs/planner.md, what is missing")
 KNOWN_MISSES = {f"bloom-sweep-{k}": _SWEEP for k in (
     "tp8-pp6-dp8-mb6", "tp8-pp12-dp4-mb2", "tp8-pp4-dp12-mb2", "tp8-pp2-dp24-mb1",
-    "tp8-pp2-dp24-mb2")}
-_SWEEP_0221 = ("predicted high by 16-24%: the 02-21 sweep, TP=8 on every row, before the 02-25 PCIe/NUMA fix that sped "
+    "tp8-pp2-dp24-mb2", "gbs1568-tp8-pp12-dp4-mb2")}
+KNOWN_MISSES["bloom-sweep-gbs1568-tp8-pp6-dp8-mb4"] = (
+    "predicted high by 36%: at GBS 1568 this layout took 113.01 s, as long as the 114.11 s it took at GBS 2048 with "
+    "31% more samples, where the section's two other GBS 1568 rows took 0.78-0.79 of their GBS 2048 pair's time as the "
+    "micro-batch count says; one iteration-2 reading, inconsistent with its own pair (docs/planner.md)")
+_SWEEP_0221 = ("predicted high by 16-26%: the 02-21 sweep, TP=8 on every row and both shapes (181B, 196B), before the 02-25 PCIe/NUMA fix that sped "
                "every run 1-5% (its TP=8 PP=12 DP=4 micro-batch 4 took 123.7 s on 02-21 and 117.1 s on 02-25); the "
-               "planner ranks its micro-batch sizes at Spearman 0.714 but leans high as on the 02-25 TP=8 rows at "
+               "planner ranks its layouts at Spearman 0.657 but leans high as on the 02-25 TP=8 rows at "
                "micro-batch 1-2; docs/planner.md, what is missing")
 KNOWN_MISSES.update({f"bloom-sweep0221-{k}": _SWEEP_0221 for k in (
-    "tp8-pp12-dp4-mb1", "tp8-pp12-dp4-mb2", "tp8-pp6-dp8-mb1", "tp8-pp6-dp8-mb2", "tp8-pp6-dp8-mb4")})
+    "tp8-pp12-dp4-mb1", "tp8-pp12-dp4-mb2", "tp8-pp6-dp8-mb1", "tp8-pp6-dp8-mb2", "tp8-pp6-dp8-mb4",
+    "196b-tp8-pp12-dp4-mb2", "196b-tp8-pp6-dp8-mb2", "196b-tp8-pp6-dp8-mb4")})
 _SWEEP_0228 = ("predicted high by 17% where the 02-28 sweep's other rows lean -2 to +4% (but TP=8 at micro-batch 2, "
                "+13 to +15%, which the 02-21 and 02-25 sweeps also took longer than the planner costs): 104 heads of "
                "128 dimensions on the 178B model, 18% slower than its "
@@ -154,7 +160,17 @@ def test_published_layout_mfu_within_tolerance(run):
     assert abs(predicted / reported - 1) <= TOLERANCE, f"predicted {predicted:.3f}, reported {reported:.3f}"
 
 
-@pytest.mark.parametrize("run", [r for r in TIMED if r.get("reported_memory_gb")], ids=lambda r: r["id"])
+# Published peaks that are not the model's, with why.
+KNOWN_WRONG_PEAKS = {
+    "bloom-sweep0221-196b-tp8-pp6-dp8-mb2": (
+        "read at 65 GB, 9 GB above the same layout's 56 GB at micro-batch 4, which holds twice its activations: a "
+        "snapshot of what the caching allocator held, not the model's peak (predicted 40.9 GiB; its micro-batch 4 "
+        "twin 53.3 GiB of 56 GB)"),
+}
+
+
+@pytest.mark.parametrize("run", [pytest.param(r, id=r["id"], marks=_mark(r["id"], KNOWN_WRONG_PEAKS))
+                                 for r in TIMED if r.get("reported_memory_gb")])
 def test_published_peak_memory_is_predicted_within_tolerance(run):
     """Where a run published its peak (BigScience's sweeps: nvidia-smi's maximum, in the chronicle's GB), the
     predicted peak is within TOLERANCE of it (docs/planner.md: the caching allocator's reserve)."""
@@ -168,14 +184,7 @@ def test_memory_verdict_matches_what_happened(run):
     assert e.fits == (run.get("outcome", "ran") == "ran"), f"{e.memory.total / 2**30:.1f} GiB predicted"
 
 
-@pytest.mark.parametrize("sweep", [
-    pytest.param("bloom-tr11-2022-02-25", marks=pytest.mark.xfail(strict=True, reason=(
-        "Spearman 0.585: the layouts with the most DP traffic and TP=8 at micro-batch 1-2 are predicted nearly as "
-        "fast as the best (docs/planner.md, what is missing)"))),
-    "bloom-tr11-2022-02-21",
-    "bloom-tr11-2022-02-28",
-    "bignlp-2208-gpt3-5b-32",
-])
+@pytest.mark.parametrize("sweep", sorted({r["sweep"] for r in TIMED if r.get("sweep")}))
 def test_layouts_of_one_sweep_rank_as_measured(sweep):
     assert validation.summary().sweeps[sweep] >= 0.6
 
