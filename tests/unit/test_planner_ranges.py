@@ -26,9 +26,9 @@ def test_every_plan_carries_ranges_and_its_validated_region(capsys):
     small = run(["--model", "llama3-8b", "--gpus", "8", "--global-batch", "3", "--top", "5"], capsys)[1]
     steps = re.findall(r"(\d+\.?\d*) \((\d+\.?\d*)-(\d+\.?\d*)\)", small)
     assert steps and all(len(x.replace(".", "").lstrip("0")) == 3 for row in steps for x in row), steps
-    h200 = run(["--model", "llama3-405b", "--gpus", "16384", "--gpu", "h200", "--top", "1"], capsys)[1]
-    notes = [line for line in h200.splitlines() if line.startswith("outside the validated region")]
-    assert len(notes) == 1 and "h200-141gb" in notes[0]
+    h800 = run(["--model", "llama3-405b", "--gpus", "16384", "--gpu", "h800", "--top", "1"], capsys)[1]
+    notes = [line for line in h800.splitlines() if line.startswith("outside the validated region")]
+    assert len(notes) == 1 and "h800-80gb" in notes[0]
 
 
 def test_a_plans_range_is_its_gpus_own_spread(capsys):

@@ -102,6 +102,12 @@ KNOWN_MISSES["bignlp2208-gpt3-5b-tp8-pp4-32-o1"] = (
     "predicted high by 16%, as its O2 row (+14.6%): TP8 PP4 on 4 nodes runs 720 micro-batches of 6 layers a step, the "
     "most of the sweep, and took 4-5 s (6-7 ms a micro-batch) beyond what the planner costs, a cost paid per micro-batch "
     "that no stored trace of apex's schedule times; docs/planner.md, NeMo Megatron on DGX A100")
+KNOWN_MISSES.update({f"mlperf51-llama31-8b-cisco-{n}": (
+    "predicted high by 22% (TP1 on 64 H100s) and 50% (TP2 on 128): one micro-batch of 8,192 tokens per DP rank a step, "
+    "so the distributed optimizer's reduce-scatter and all-gather over 64 ranks (0.3-0.6 s a step at the NICs' line "
+    "rate) have one forward and backward to hide behind; the planner leaves 0.02 s of it exposed, and the runs took "
+    "0.13 and 0.16 s longer than predicted; they also set CUBLAS_WORKSPACE_CONFIG=:16:8 against running out of memory "
+    "(docs/planner.md, what is missing)") for n in (64, 128)})
 # Memory verdicts that do not match what happened, with what the memory model lacks for them.
 KNOWN_WRONG_MEMORY: dict[str, str] = {
     "bloom-sweep0228-206b-nh128-tp4-pp12-dp8-mb2": (
@@ -201,7 +207,7 @@ def test_issue_goal_bias_within_5_percent():
 @pytest.mark.xfail(strict=True, reason="the A100 40GB rows (MosaicML's FSDP, all of them) lean +11.3%, the A100 "
                                        "80GB rows +5.9% (MosaicML's FSDP, torchtitan's FSDP2, DeepSpeed's pipeline "
                                        "engine at TP=8) and the B200 rows +6.2% (NeMo 25.04's long sequences, "
-                                       "Megatron-Bridge's 405B on 128); H100 +2.1% (docs/planner.md, what is missing)")
+                                       "Megatron-Bridge's 405B on 128); H100 +1.4%, H200 +1.5% (docs/planner.md, what is missing)")
 def test_each_gpu_alone_meets_the_bias_goal():
     assert all(abs(bias) <= 0.05 for _, _, bias in validation.summary().by_gpu.values())
 
@@ -289,8 +295,9 @@ def test_ranges_hold_the_prediction(mfu, step):
 def test_outside_the_validated_region_says_which_axis():
     inside = validation.outside_validated_region(405e9, "h100-80gb", 2048, 8192)
     assert inside is None
-    note = validation.outside_validated_region(405e9, "h200-141gb", 2048, 8192)
-    assert note.startswith("outside the validated region") and "h200-141gb" in note and "model size" not in note
+    note = validation.outside_validated_region(405e9, "h800-80gb", 2048, 8192)
+    assert note.startswith("outside the validated region") and "h800-80gb" in note and "model size" not in note
+    assert validation.outside_validated_region(405e9, "h200-141gb", 4096, 8192) is None  # MLPerf v5.0 on H200
     assert "model size" in validation.outside_validated_region(5e12, "h100-80gb", 2048, 8192)
     assert validation.outside_validated_region(8e9, "b200-180gb", 1024, 1_048_576) is None
     assert "sequence length" in validation.outside_validated_region(405e9, "h100-80gb", 2048, 4_194_304)
@@ -311,8 +318,10 @@ def test_the_readme_quotes_the_current_validation():
                    f"{s.sweeps['bloom-tr11-2022-02-28']:.3f}, NeMo Megatron's nine of GPT-3 5B at "
                    f"{s.sweeps['bignlp-2208-gpt3-5b-32']:.3f} and seven more under autocast (O1) at "
                    f"{s.sweeps['bignlp-2208-gpt3-5b-o1-32']:.3f}, NVIDIA's MLPerf GPT-3 175B from 512 to 10,752 H100s at "
-                   f"{s.sweeps['mlperf-v3.1-gpt3-eos']:.3f}",
-                   f"{s.by_gpu['h100-80gb'][2]:+.1%} on H100, {s.by_gpu['a100-80gb'][2]:+.1%} on A100 80GB (NeMo "
+                   f"{s.sweeps['mlperf-v3.1-gpt3-eos']:.3f} and its Llama 3.1 405B from 512 to 8,192 H100s at "
+                   f"{s.sweeps['mlperf-v5.0-llama31-405b-eos']:.3f}",
+                   f"{s.by_gpu['h100-80gb'][2]:+.1%} on H100, {s.by_gpu['h200-141gb'][2]:+.1%} on H200 "
+                   f"({s.by_gpu['h200-141gb'][0]} runs), {s.by_gpu['a100-80gb'][2]:+.1%} on A100 80GB (NeMo "
                    f"Megatron's own 2022 runs there, {s.by_stack['NeMo Megatron 2022 (NVIDIA)'][2]:+.0%}) and "
                    f"{s.by_gpu['a100-40gb'][2]:+.1%} on A100 40GB",
                    f"{s.by_gpu['b200-180gb'][2]:+.1%} on B200 ({s.by_gpu['b200-180gb'][0]} runs, 8K to 1M tokens)",
