@@ -379,7 +379,7 @@ def _dp_time(plan: Plan, gpu: GPU, sw: Software, n_params: float, fwd_mb: float,
         """Bucket by bucket behind ``behind`` seconds of compute, except one bucket (the first
         layers'), which that compute cannot hide: the reduction's last bucket is complete only
         when the backward ends, the gather's first is needed before the forward starts."""
-        return max(t - behind, t * min(1.0, GRAD_BUCKET_NUMEL / n_params)) if on else t
+        return max(t - behind, t * min(1.0, bucket / n_params)) if on else t
 
     def reduced(t: float) -> float:  # issued from the last micro-batch's backward
         return _with_contention(t, exposed(t, bwd_mb, overlap_reduce), gpu, nodes)
