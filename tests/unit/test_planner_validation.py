@@ -36,8 +36,8 @@ KNOWN_MISSES["bloom-sweep-gbs1568-tp8-pp6-dp8-mb4"] = (
     "predicted high by 36%: at GBS 1568 this layout took 113.01 s, as long as the 114.11 s it took at GBS 2048 with "
     "31% more samples, where the section's two other GBS 1568 rows took 0.78-0.79 of their GBS 2048 pair's time as the "
     "micro-batch count says; one iteration-2 reading, inconsistent with its own pair (docs/planner.md)")
-_SWEEP_0221 = ("predicted high by 16-26%: the 02-21 sweep, TP=8 on every row and both shapes (181B, 196B), before the 02-25 PCIe/NUMA fix that sped "
-               "every run 1-5% (its TP=8 PP=12 DP=4 micro-batch 4 took 123.7 s on 02-21 and 117.1 s on 02-25); the "
+_SWEEP_0221 = ("predicted high by 16-26%: the 02-21 sweep, TP=8 on every row and both shapes (181B, 196B), before "
+               "the 02-25 PCIe/NUMA fix that sped every run 1-5% (its TP=8 PP=12 DP=4 micro-batch 4 took 123.7 s on 02-21 and 117.1 s on 02-25); the "
                "planner ranks its layouts at Spearman 0.657 but leans high as on the 02-25 TP=8 rows at "
                "micro-batch 1-2; docs/planner.md, what is missing")
 KNOWN_MISSES.update({f"bloom-sweep0221-{k}": _SWEEP_0221 for k in (
@@ -207,7 +207,8 @@ def test_issue_goal_bias_within_5_percent():
 @pytest.mark.xfail(strict=True, reason="the A100 40GB rows (MosaicML's FSDP, all of them) lean +11.3%, the A100 "
                                        "80GB rows +5.9% (MosaicML's FSDP, torchtitan's FSDP2, DeepSpeed's pipeline "
                                        "engine at TP=8) and the B200 rows +6.2% (NeMo 25.04's long sequences, "
-                                       "Megatron-Bridge's 405B on 128); H100 +1.4%, H200 +1.5% (docs/planner.md, what is missing)")
+                                       "Megatron-Bridge's 405B on 128); H100 +1.4%, H200 +1.5% (docs/planner.md, what "
+                                       "is missing)")
 def test_each_gpu_alone_meets_the_bias_goal():
     assert all(abs(bias) <= 0.05 for _, _, bias in validation.summary().by_gpu.values())
 
