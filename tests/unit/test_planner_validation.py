@@ -37,9 +37,9 @@ KNOWN_MISSES["bloom-sweep-gbs1568-tp8-pp6-dp8-mb4"] = (
     "31% more samples, where the section's two other GBS 1568 rows took 0.78-0.79 of their GBS 2048 pair's time as the "
     "micro-batch count says; one iteration-2 reading, inconsistent with its own pair (docs/planner.md)")
 _SWEEP_0221 = ("predicted high by 16-26%: the 02-21 sweep, TP=8 on every row and both shapes (181B, 196B), before "
-               "the 02-25 PCIe/NUMA fix that sped every run 1-5% (its TP=8 PP=12 DP=4 micro-batch 4 took 123.7 s on 02-21 and 117.1 s on 02-25); the "
-               "planner ranks its layouts at Spearman 0.657 but leans high as on the 02-25 TP=8 rows at "
-               "micro-batch 1-2; docs/planner.md, what is missing")
+               "the 02-25 PCIe/NUMA fix that sped every run 1-5% (its TP=8 PP=12 DP=4 micro-batch 4 took 123.7 s on "
+               "02-21 and 117.1 s on 02-25); the planner ranks its layouts at Spearman 0.657 but leans high as on the "
+               "02-25 TP=8 rows at micro-batch 1-2; docs/planner.md, what is missing")
 KNOWN_MISSES.update({f"bloom-sweep0221-{k}": _SWEEP_0221 for k in (
     "tp8-pp12-dp4-mb1", "tp8-pp12-dp4-mb2", "tp8-pp6-dp8-mb1", "tp8-pp6-dp8-mb2", "tp8-pp6-dp8-mb4",
     "196b-tp8-pp12-dp4-mb2", "196b-tp8-pp6-dp8-mb2", "196b-tp8-pp6-dp8-mb4")})
