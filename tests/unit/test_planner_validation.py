@@ -1,15 +1,11 @@
-"""Out-of-sample check: published runs the planner was not built on (topology/data/validation_runs.json:
-NVIDIA DGX Cloud benchmark recipes on H100, BigScience's two sweeps of layouts of one 181B model on
-384 A100s (24 rows on 02-25, 3 of which ran out of memory; 12 on 02-21: micro-batch sizes of two layouts of it and
-of a 196B, and a 187B on 320) and its
-02-28 sweep of layouts and shapes of 176-206B models under BF16_Optimizer (20 rows, 3 out of memory), Megatron-Turing
-NLG 530B on 2,240-3,360 A100s, MosaicML's MPT
-benchmarks under PyTorch FSDP on A100 and H100, and Megatron-Core 0.8's weak-scaling table of nine GPT models on up to
-6,144 H100s), each evaluated with its published layout through topology.cases. Timed runs predict MFU within
-15% (relative, the tolerance the public cases get in test_planner_cases.py) of the reported
-throughput converted to model-FLOPs MFU; memory verdicts match what happened; the sweep's layouts
-rank as measured. Misses are xfail(strict) with the reason, as in test_planner_cases.py;
-docs/planner.md has the table."""
+"""Out-of-sample check: published runs the planner was not built on (topology/data/validation_runs.json, each row
+with its source: NVIDIA's DGX Cloud and NeMo recipes, NeMo Megatron's 2022 runs, Megatron-Core 0.8's and
+Megatron-Bridge's tables, MLPerf Training's NeMo submissions, BigScience's three layout sweeps on 384 A100s,
+Megatron-Turing NLG, MosaicML's FSDP benchmarks, torchtitan's and FlashAttention's own runs), each evaluated with its
+published layout through topology.cases. Timed runs predict MFU within 15% (relative, the tolerance the public cases
+get in test_planner_cases.py) of the reported throughput converted to model-FLOPs MFU; memory verdicts match what
+happened; every sweep's layouts rank as measured. Misses are xfail(strict) with the reason, as in
+test_planner_cases.py; docs/planner.md has the table."""
 import statistics
 
 import pytest
