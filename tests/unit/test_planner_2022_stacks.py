@@ -124,13 +124,12 @@ def test_autocasts_weight_and_gradient_casts_are_paid_every_micro_batch():
     bytes once per micro-batch, at the rate the profile charges gradient accumulation."""
     from hybridpar.topology.kernels import hbm_time
     from hybridpar.topology.software import AUTOCAST_GRAD_BYTES, FLASH_ATTN_TRAINING_2022
+    from hybridpar.topology.stages import params_per_rank, stages
 
     sw = FLASH_ATTN_TRAINING_2022
     m = ModelSpec(24, 2048, 8192, 16, 16, 50264, "gelu", "gpt3-1.3b")
     plan = Plan(m, 2048, 512, dp=8, micro_batch=8, zero_stage=1, gpu="a100-80gb")
     bare = replace(sw, grad_accum_bytes_per_param=0)
-    from hybridpar.topology.stages import params_per_rank, stages
-
     gpu, (stage,) = get_gpu("a100-80gb"), stages(plan)
     added = step_cost(plan, sw).step_time_s - step_cost(plan, bare).step_time_s
     assert AUTOCAST_GRAD_BYTES == 24

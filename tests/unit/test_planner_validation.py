@@ -132,8 +132,8 @@ LONG_SEQUENCE_TABLES = ("nemo2403-llama2-7b-", "nemo2504-llama3-8b-b200-")
 
 def test_userbuffers_only_where_a_run_could_have_them():
     """tp_comm_overlap marks runs whose recipe set up Transformer Engine's userbuffers: every NeMo run with TP > 1
-    whose recipe is published, Megatron-Core 0.8's table, Megatron-Bridge's recipes and NVIDIA's MLPerf GPT-3
-    submissions; each has TP > 1 inside a node and a stack with sequence parallelism and TE."""
+    whose recipe is published, Megatron-Core 0.8's table, Megatron-Bridge's recipes and MLPerf's NeMo submissions
+    (GPT-3 and Llama 3.1); each has TP > 1 inside a node and a stack with sequence parallelism and TE."""
     from hybridpar.topology.software import PROFILES
 
     marked = [r for r in RUNS if r.get("tp_comm_overlap")]
