@@ -92,6 +92,11 @@ def checks() -> tuple[CaseCheck, ...]:
     return tuple(check(c) for c in cases)
 
 
+def select(gpu: str | None = None, software: str | None = None) -> tuple[CaseCheck, ...]:
+    """The published runs on ``gpu`` (a catalogue name) costed with the ``software`` profile; None: any."""
+    return tuple(r for r in checks() if gpu in (None, r.gpu) and software in (None, r.software))
+
+
 def _percentile(values: list[float], q: float) -> float:
     """Linear interpolation between order statistics (numpy's default)."""
     xs = sorted(values)

@@ -90,7 +90,11 @@ BAD = [
     (["--model", "llama3-8b", "--gpus", "8", "--gpu", "h100", "--precision", "fp8"], "no fp8 training"),
     (["--model", "llama3-8b", "--gpus", "8", "--fp8-params"], "needs --precision fp8"),
     (["--model", "llama3-405b", "--gpus", "8"], "no feasible plan"),
-    (["--validate", "--gpus", "8", "--software", "megatron-core"], "--gpus, --software would be ignored"),
+    (["--validate", "--gpus", "8", "--software", "megatron-core"], "--gpus would be ignored"),
+    (["--validate", "--gpu", "h800"], "no published run with a throughput on h800-80gb; there are runs on"),
+    (["--validate", "--gpu", "my-h100.yaml"], "takes a catalogue GPU name, not the file my-h100.yaml"),
+    (["--validate", "--software", "hybridpar"], "costed with hybridpar; there are runs costed with"),
+    (["--validate", "--gpu", "a100-40gb", "--software", "megatron-core"], "runs on it costed with pytorch-fsdp"),
 ]
 
 

@@ -71,6 +71,35 @@ def test_validate_prints_every_published_run_and_the_summary(capsys):
     assert f"by precision: bf16 {s.by_precision['bf16'][0]} runs" in out
 
 
+def test_validate_selects_the_runs_of_one_gpu_and_one_software_profile(capsys):
+    """`--validate --gpu NAME --software NAME`: only those runs, the summary over them, the ranges plans
+    get from every run (those of the selection's GPU and profile shown)."""
+    from hybridpar.topology.validation import checks, summary
+
+    argv = ["--validate", "--gpu", "a100", "--software", "deepspeed-pipe-bf16"]
+    out = run(argv, capsys)[1]
+    chosen = [r for r in checks() if r.gpu == "a100-80gb" and r.software == "deepspeed-pipe-bf16"]
+    others = [r for r in checks() if r not in chosen]
+    assert chosen and any(not r.ran for r in chosen)  # BigScience's out-of-memory layouts are among them
+    assert all(r.id in out for r in chosen) and not any(f"\n{r.id} " in out for r in others)
+    assert f"Only the {len(chosen)} runs on a100-80gb costed with deepspeed-pipe-bf16, of {len(checks())}" in out
+    s, everything = summary(tuple(chosen)), summary()
+    assert s.timed < everything.timed and s.median_abs_error != everything.median_abs_error
+    assert f"{s.timed} runs with a reported throughput: median |error| {s.median_abs_error:.1%}" in out
+    assert f"memory verdicts right: {s.memory_right} of {len(chosen)}" in out
+    assert set(s.sweeps) < set(everything.sweeps) and all(f"sweep {name}:" in out for name in s.sweeps)
+    lo, hi = everything.profile_ranges["a100-80gb", "deepspeed-pipe-bf16"]
+    ranges = out.splitlines()[-1]
+    assert f"a100-80gb deepspeed-pipe-bf16 {lo:.2f}-{hi:.2f}" in ranges and "h100-80gb" not in ranges
+    data = json.loads(run([*argv, "--json"], capsys)[1])
+    assert data["selection"] == {"gpu": "a100-80gb", "software": "deepspeed-pipe-bf16"}
+    assert [r["id"] for r in data["runs"]] == [r.id for r in chosen] and data["timed"] == s.timed
+    assert data["reported_over_predicted_range"] == [round(x, 4) for x in everything.ratio_range]
+    h100 = json.loads(run(["--validate", "--gpu", "h100-80gb", "--json"], capsys)[1])
+    assert {r["gpu"] for r in h100["runs"]} == {"h100-80gb"} and set(h100["by_gpu"]) == {"h100-80gb"}
+    assert len({r["software"] for r in h100["runs"]}) > 1
+
+
 def test_the_docs_carry_the_current_validation_table(capsys):
     """docs/planner.md shows `hybridpar plan --validate` as it prints today."""
     doc = (REPO / "docs" / "planner.md").read_text()

@@ -20,6 +20,7 @@ from hybridpar.topology.search import Request, search
 from hybridpar.topology.software import PROFILES
 from hybridpar.topology import validation
 
+from hybridpar.cli import validation_report
 from hybridpar.errors import UsageError
 
 OTHER_PARTS = PARTS[4:]  # beyond weights, gradients, optimizer state and activations
@@ -39,7 +40,8 @@ def add_arguments(p):
     what = p.add_mutually_exclusive_group()
     what.add_argument("--validate", action="store_true",
                       help="print the published runs the planner is checked against: reported vs predicted MFU, "
-                      "signed error, memory verdict, median error and bias (docs/planner.md)")
+                      "signed error, memory verdict, median error and bias (docs/planner.md); with --gpu NAME and/or "
+                      "--software NAME only the runs on that GPU or costed with that profile")
     what.add_argument("--model", help="preset name or a .json/.yaml model file")
     what.add_argument("--recipe", help="a training recipe (hybridpar/config/recipe.py): its model, seq_len, "
                       "global_batch, cluster and parallel sizes (as pins); flags override it")
@@ -58,7 +60,7 @@ def add_arguments(p):
         p.add_argument(f"--{axis}", type=int, help=f"pin {axis}")
     p.add_argument("--recompute", choices=list(RECOMPUTE_MODES), help="pin activation recomputation")
     *older, last = [name for name in SOFTWARE if name not in ("hybridpar", "megatron-core")]
-    p.add_argument("--software", choices=list(SOFTWARE), default="hybridpar",
+    p.add_argument("--software", choices=list(SOFTWARE), default=None,
                    help="the training software the plan is for (default hybridpar: its own runtime; "
                    f"megatron-core; {', '.join(older)} and {last} to evaluate published layouts on the stacks that ran them)")
     p.add_argument("--network-gbit", type=float,
@@ -152,7 +154,7 @@ def build_request(args) -> tuple[Request, int]:
         raise UsageError(f"--headroom is a percentage of GPU memory to leave free, from 0 to below 100; got {args.headroom}")
     if args.network_gbit is not None and not 0 < args.network_gbit < math.inf:
         raise UsageError(f"--network-gbit must be a positive number of Gbit/s per GPU, got {args.network_gbit}")
-    software = SOFTWARE[getattr(args, "software", "hybridpar")]
+    software = SOFTWARE[getattr(args, "software", None) or "hybridpar"]
     if getattr(args, "cuda_launch_blocking", False):
         software = replace(software, launch_blocking=True)
     if getattr(args, "attention_kernel", None):
@@ -229,18 +231,22 @@ def build_request(args) -> tuple[Request, int]:
 
 
 # Defaults of the planning flags that are not None or False (add_arguments): --validate takes none of them.
-_PLANNING_DEFAULTS = {"precision": "bf16", "software": "hybridpar", "headroom": 0.0, "top": 5}
+_PLANNING_DEFAULTS = {"precision": "bf16", "headroom": 0.0, "top": 5}
+# What --validate takes: --gpu and --software select the published runs shown.
+_VALIDATE_FLAGS = ("command", "validate", "json", "gpu", "software")
 
 
 def run(args) -> int:
     if args.validate:
-        given = [k for k, v in vars(args).items() if k not in ("command", "validate", "json")
+        given = [k for k, v in vars(args).items() if k not in _VALIDATE_FLAGS
                  and v not in (None, False) and v != _PLANNING_DEFAULTS.get(k)]
         if given:
             flags = ", ".join(f"--{k.replace('_', '-')}" for k in given)
             raise UsageError(f"--validate costs each published run with its own layout and stack: {flags} would be "
-                             "ignored; drop it, or plan with --model/--recipe")
-        print(json.dumps(validation_json(), indent=1) if args.json else render_validation())
+                             "ignored; drop it (--gpu and --software select runs), or plan with --model/--recipe")
+        gpu, software = validation_report.selection(args.gpu, args.software)
+        print(json.dumps(validation_report.as_json(gpu, software), indent=1) if args.json
+              else validation_report.render(gpu, software))
         return 0
     req, top = build_request(args)
     result = search(req, top=top)
@@ -273,66 +279,6 @@ def _three_figures(seconds: float) -> str:
     """232, 57.9, 0.448, 0.500: three significant figures, trailing zeros kept so a range reads evenly."""
     decimals = max(0, 2 - math.floor(math.log10(seconds))) if seconds > 0 else 0
     return f"{seconds:.{decimals}f}"
-
-
-def _pct(x: float | None) -> str:
-    return "" if x is None else f"{x:.1%}"
-
-
-def render_validation() -> str:
-    rows, s = validation.checks(), validation.summary()
-    head = (f"{'run':<36} {'GPUs':>5} {'layout TP/PP/CP/DP':<22} {'reported':>8} {'predicted':>9} {'error':>7} "
-            f"{'GiB':>6} memory")
-    lines = ["Published runs, each costed with its published layout and the software profile of the stack "
-             "that ran it (topology/cases.py); MFU in model FLOPs over the dense 16-bit peak", "", head, "-" * len(head)]
-    for r in rows:
-        err = "" if r.error is None else f"{r.error:+.1%}"
-        lines.append(f"{r.id:<36} {r.gpus:>5} {r.layout:<22} {_pct(r.reported_mfu):>8} {r.predicted_mfu:>9.1%} "
-                     f"{err:>7} {r.memory_gib:>6.1f} {r.memory_verdict}")
-    lo, hi = s.ratio_range
-    lines += ["", f"{s.timed} runs with a reported throughput: median |error| {s.median_abs_error:.1%}, signed bias "
-              f"(median error) {s.signed_bias:+.1%}, {s.within} within {validation.TOLERANCE:.0%}",
-              "by GPU: " + _groups_line(s.by_gpu),
-              "by stack: " + _groups_line(s.by_stack),
-              "by precision: " + _groups_line(s.by_precision),
-              f"memory verdicts right: {s.memory_right} of {s.memory_checked} (runs that ran predicted to fit, "
-              "runs that ran out of memory predicted not to)"]
-    lines += [f"ranking inside sweep {name}: Spearman {rho:.3f} (predicted vs reported MFU; 1 = the measured order)" for name, rho in s.sweeps.items()]
-    own = "; ".join(f"{gpu} {glo:.2f}-{ghi:.2f}" for gpu, (glo, ghi) in s.gpu_ranges.items())
-    by_profile = "; ".join(f"{gpu} {sw} {glo:.2f}-{ghi:.2f}" for (gpu, sw), (glo, ghi) in s.profile_ranges.items())
-    lines.append(f"range given with every prediction, reported/predicted "
-                 f"({validation.RANGE_PERCENTILES[0]}th-{validation.RANGE_PERCENTILES[1]}th percentile): on a GPU "
-                 f"under a software profile with {validation.OWN_RANGE_MIN_RUNS}+ runs there: {by_profile}; "
-                 f"else on the GPU: {own}; other GPUs {lo:.2f}-{hi:.2f} (all runs)")
-    return "\n".join(lines)
-
-
-def _groups_line(groups: dict) -> str:
-    return "; ".join(f"{name} {n} runs, median |error| {mae:.1%}, bias {bias:+.1%}" for name, (n, mae, bias) in groups.items())
-
-
-def _groups_json(groups: dict) -> dict:
-    return {name: {"timed": n, "median_abs_error": round(mae, 4), "signed_bias": round(bias, 4)}
-            for name, (n, mae, bias) in groups.items()}
-
-
-def validation_json() -> dict:
-    s = validation.summary()
-    return {"runs": [{"id": r.id, "gpus": r.gpus, "layout": r.layout, "reported_mfu": r.reported_mfu,
-                      "predicted_mfu": round(r.predicted_mfu, 4),
-                      "error": None if r.error is None else round(r.error, 4), "memory_gib": round(r.memory_gib, 2),
-                      "fits": r.fits, "ran": r.ran, "memory_verdict": r.memory_verdict, "stack": r.stack,
-                      "precision": r.precision, "software": r.software}
-                     for r in validation.checks()],
-            "median_abs_error": round(s.median_abs_error, 4), "signed_bias": round(s.signed_bias, 4),
-            "within_15_percent": s.within, "timed": s.timed, "memory_right": s.memory_right,
-            "memory_checked": s.memory_checked, "reported_over_predicted_range": [round(x, 4) for x in s.ratio_range],
-            "reported_over_predicted_range_by_gpu": {g: [round(x, 4) for x in r] for g, r in s.gpu_ranges.items()},
-            "reported_over_predicted_range_by_gpu_and_software": {f"{g}/{sw}": [round(x, 4) for x in r]
-                                                                  for (g, sw), r in s.profile_ranges.items()},
-            "sweep_spearman": {k: round(v, 3) for k, v in s.sweeps.items()},
-            "by_gpu": _groups_json(s.by_gpu), "by_stack": _groups_json(s.by_stack),
-            "by_precision": _groups_json(s.by_precision)}
 
 
 def redundancy_line(r) -> str:
