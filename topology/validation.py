@@ -206,18 +206,22 @@ def step_time_range(step_s: float, gpu: str | None = None, software: str | None 
 
 
 def range_note(gpu: str | None = None, software: str | None = None) -> str:
-    """One line saying which published runs the ranges of a plan on ``gpu`` under ``software`` come from."""
+    """One line saying which published runs the ranges of a plan on ``gpu`` under ``software`` come from,
+    and the command that lists them."""
     key, _ = _range_runs(gpu, software)
     s = summary()
     if isinstance(key, tuple):
         runs = f"the {s.by_gpu_software[key][0]} published runs on {key[0]} costed with {key[1]}"
+        listed = f"hybridpar plan --validate --gpu {key[0]} --software {key[1]}"
     elif key:
         fewer = f": fewer than {OWN_RANGE_MIN_RUNS} costed with {software}" if software else ""
         runs = f"the {s.by_gpu[key][0]} published runs on {key} (every stack{fewer})"
+        listed = f"hybridpar plan --validate --gpu {key}"
     else:
         runs = f"all {s.timed} published runs (fewer than {OWN_RANGE_MIN_RUNS} on this GPU)"
+        listed = "hybridpar plan --validate"
     return (f"ranges: the {RANGE_PERCENTILES[0]}th-{RANGE_PERCENTILES[1]}th percentile of reported/predicted MFU "
-            f"over {runs} (`hybridpar plan --validate`)")
+            f"over {runs} (`{listed}`)")
 
 
 def outside_validated_region(params: float, gpu: str, hidden_per_tp: int, seq_len: int) -> str | None:

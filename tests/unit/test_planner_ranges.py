@@ -46,7 +46,14 @@ def test_a_plans_range_is_its_gpus_own_spread(capsys):
     (p,) = json.loads(run([*argv, *ds], capsys)[1])["plans"]
     lo, hi = validation.ratio_range("a100-80gb", "deepspeed-pipe-zero1")
     assert p["mfu_range"] == pytest.approx([p["mfu"] * min(lo, 1.0), p["mfu"] * max(hi, 1.0)], abs=2e-4)
-    assert "costed with deepspeed-pipe-zero1" in run([*argv[:-1], *ds], capsys)[1]
+    table = run([*argv[:-1], *ds], capsys)[1]
+    assert "costed with deepspeed-pipe-zero1" in table
+    # the note names the command that lists the runs behind the range, and that command lists exactly them
+    listed = re.search(r"\(`hybridpar plan (--validate --gpu \S+ --software \S+)`\)", table).group(1).split()
+    shown = json.loads(run([*listed, "--json"], capsys)[1])
+    timed = [r["error"] for r in shown["runs"] if r["error"] is not None]
+    assert validation._ratio_range(timed) == pytest.approx((lo, hi), abs=1e-3)  # the JSON rounds each error
+    assert shown["timed"] == len(timed) >= validation.OWN_RANGE_MIN_RUNS
 
 
 def test_validate_prints_every_published_run_and_the_summary(capsys):
