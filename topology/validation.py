@@ -26,6 +26,8 @@ RANGE_PERCENTILES = (10, 90)
 # (DeepSpeed's pipeline engine and FSDP lean differently from NeMo); anything else the range of all runs.
 OWN_RANGE_MIN_RUNS = 10
 TOLERANCE = 0.15  # "within" in the summary: |predicted / reported - 1| <= 15%
+# The parts of a predicted step (cost.StepCost's *_s fields) each checked run lists.
+STEP_PARTS = ("compute", "bubble", "tp", "cp", "pp", "dp", "optimizer")
 # A plan is "near" a validated run along one axis when within these factors of it.
 NEAR = {"params": 3.0, "hidden_per_tp": 2.0, "seq_len": 2.0}
 
@@ -49,6 +51,10 @@ class CaseCheck:
     stack: str  # the software family that ran it (cases.case_stack)
     precision: str = "bf16"  # what its layers computed in: bf16, fp16 or fp8
     software: str = ""  # the software profile it was costed with (topology/software PROFILES)
+    predicted_step_s: float = 0.0  # the published layout's predicted step at the run's global batch
+    # where that step goes, seconds: (part, seconds) for compute, bubble, TP, CP, PP, DP and the optimizer step
+    step_parts: tuple[tuple[str, float], ...] = ()
+    reported_step_s: float | None = None  # where the run publishes its step time
 
     @property
     def gpu_software(self) -> tuple[str, str]:
@@ -77,13 +83,14 @@ def _mfu_16bit(e: Evaluated, case: dict) -> float:
 
 def check(case: dict) -> CaseCheck:
     e = predict_case(case)
-    p = e.plan
+    p, c = e.plan, e.cost
     layout = f"{p.tp}/{p.pp}/{p.cp}/{p.dp} mb{p.micro_batch}" + (f" v{p.vpp}" if p.vpp > 1 else "")
     return CaseCheck(case["id"], case["num_gpus"], case["gpu"].lower(), layout, p.model.total_params,
                      p.model.hidden // p.tp, p.seq_len, case.get("model_flops_mfu"), _mfu_16bit(e, case),
                      e.memory.total / GIB, get_gpu(case["gpu"].lower()).memory_gib, e.fits,
                      case.get("outcome", "ran") != "oom", case.get("sweep"), case_stack(case), p.precision,
-                     case_software(case)[0].name)
+                     case_software(case)[0].name, c.step_time_s,
+                     tuple((part, getattr(c, f"{part}_s")) for part in STEP_PARTS), case.get("reported_step_time_s"))
 
 
 @lru_cache(maxsize=1)

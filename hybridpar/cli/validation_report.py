@@ -109,7 +109,9 @@ def as_json(gpu: str | None = None, software: str | None = None) -> dict:
                       "predicted_mfu": round(r.predicted_mfu, 4),
                       "error": None if r.error is None else round(r.error, 4), "memory_gib": round(r.memory_gib, 2),
                       "fits": r.fits, "ran": r.ran, "memory_verdict": r.memory_verdict, "stack": r.stack,
-                      "precision": r.precision, "software": r.software}
+                      "precision": r.precision, "software": r.software,
+                      "predicted_step_time_s": round(r.predicted_step_s, 4), "reported_step_time_s": r.reported_step_s,
+                      "predicted_time_s": {part: round(t, 4) for part, t in r.step_parts}}
                      for r in rows],
             "median_abs_error": round(s.median_abs_error, 4), "signed_bias": round(s.signed_bias, 4),
             "within_15_percent": s.within, "timed": s.timed, "memory_right": s.memory_right,

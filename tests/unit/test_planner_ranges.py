@@ -107,6 +107,20 @@ def test_validate_selects_the_runs_of_one_gpu_and_one_software_profile(capsys):
     assert len({r["software"] for r in h100["runs"]}) > 1
 
 
+def test_validate_json_says_where_each_runs_predicted_step_goes(capsys):
+    """Each published run's predicted step, split into the parts the planner costs (they add up to it), beside
+    the run's own step time where it publishes one; the MFU error is the ratio of the two."""
+    runs = json.loads(run(["--validate", "--json"], capsys)[1])["runs"]
+    for r in runs:
+        parts = r["predicted_time_s"]
+        assert set(parts) == {"compute", "bubble", "tp", "cp", "pp", "dp", "optimizer"} and parts["compute"] > 0
+        assert sum(parts.values()) == pytest.approx(r["predicted_step_time_s"], rel=1e-3, abs=1e-3), r["id"]
+    stepped = [r for r in runs if r["reported_step_time_s"]]
+    assert len(stepped) > 100
+    for r in stepped:
+        assert r["reported_step_time_s"] / r["predicted_step_time_s"] - 1 == pytest.approx(r["error"], abs=2e-3), r["id"]
+
+
 def test_the_docs_carry_the_current_validation_table(capsys):
     """docs/planner.md shows `hybridpar plan --validate` as it prints today."""
     doc = (REPO / "docs" / "planner.md").read_text()
