@@ -50,13 +50,21 @@ def _available(gpu: str | None, software: str | None) -> str:
     return "runs costed with " + listed(r.software for r in timed)
 
 
+def _selected(gpu: str | None, software: str | None) -> tuple[tuple, validation.Summary, validation.Summary]:
+    """The selection's runs, their summary, and the summary of every run (the same one when nothing is selected)."""
+    everything = validation.summary()
+    if gpu is None and software is None:
+        return validation.checks(), everything, everything
+    rows = validation.select(gpu, software)
+    return rows, validation.summary(rows), everything
+
+
 def _pct(x: float | None) -> str:
     return "" if x is None else f"{x:.1%}"
 
 
 def render(gpu: str | None = None, software: str | None = None) -> str:
-    rows = validation.select(gpu, software)
-    s, everything = validation.summary(rows), validation.summary()
+    rows, s, everything = _selected(gpu, software)
     head = (f"{'run':<36} {'GPUs':>5} {'layout TP/PP/CP/DP':<22} {'reported':>8} {'predicted':>9} {'error':>7} "
             f"{'GiB':>6} memory")
     lines = ["Published runs, each costed with its published layout and the software profile of the stack "
@@ -102,8 +110,7 @@ def _groups_json(groups: dict) -> dict:
 
 def as_json(gpu: str | None = None, software: str | None = None) -> dict:
     """The runs and the summary of the selection; the ranges plans are given, from every run."""
-    rows = validation.select(gpu, software)
-    s, everything = validation.summary(rows), validation.summary()
+    rows, s, everything = _selected(gpu, software)
     return {"selection": {"gpu": gpu, "software": software},
             "runs": [{"id": r.id, "gpus": r.gpus, "gpu": r.gpu, "layout": r.layout, "reported_mfu": r.reported_mfu,
                       "predicted_mfu": round(r.predicted_mfu, 4),
