@@ -11,7 +11,8 @@ train: {global_batch: 16, seq_len: 32, steps: 5, lr: 3.0e-3, min_lr: 3.0e-4, war
         lr_decay: cosine,   # cosine | linear | constant | wsd (with wsd_decay_steps, wsd_decay) (hybridpar.config.optim)
         weight_decay: 0.1, grad_clip: 1.0, seed: 0, precision: auto}
 data: {source: synthetic}   # or {source: embedded, tokenizer: byte} / {source: indexed, path: PREFIX}
-cluster: {gpu: h100-80gb, gpus_per_node: 8}   # a GPU recipe: refuses to train without CUDA unless --allow-cpu
+cluster: {gpu: h100-80gb, gpus_per_node: 8,   # a GPU recipe: refuses to train without CUDA unless --allow-cpu
+          gpus: 128}   # the fleet it is planned for: the default of plan/memory --gpus and launch --nodes
 checkpoint: {save: true, save_every: 50, keep_last: 0,   # into OUT/ckpt (or --save-dir): hybridpar.checkpoint
              init_from_hf: hf/llama}   # start from Hugging Face weights (hybridpar.checkpoint.hf_import)
 generate: {prompt: "Ham.\n", tokens: 200, temperature: 0.0}    # a sample after the last step (hybridpar.generate)
@@ -102,6 +103,9 @@ class ClusterSection:
 
     gpu: Optional[str] = None
     gpus_per_node: int = 8
+    # The GPU count the layout was planned for: the default of --gpus (plan, memory) and --nodes
+    # (launch). Training takes its world size from the launcher, and an unpinned dp follows it.
+    gpus: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -191,6 +195,12 @@ class Recipe:
                 f"world size {world} != tp x cp x pp x dp = {p.tp} x {p.cp} x {p.pp} x {p.dp} = {p.dp * mp}"
             )
         return self
+
+    def planned_world(self) -> Optional[int]:
+        """The world size the recipe states: ``cluster.gpus``, else tp x cp x pp x dp when dp is pinned."""
+        if self.cluster.gpus is not None:
+            return self.cluster.gpus
+        return self.model_parallel_size() * self.parallel.dp if self.parallel.dp is not None else None
 
     def resolved_precision(self, cuda: bool) -> str:
         """``auto``: bf16 where the run has CUDA, fp32 on CPU ranks."""
@@ -288,6 +298,23 @@ class Recipe:
             return [f"train.warmup_steps {t.warmup_steps} is longer than the run's {t.steps} steps: it ends during "
                     f"warm-up at {t.steps / t.warmup_steps:.1%} of lr {t.lr:g} and never decays (fine for a short "
                     f"trial; set warmup_steps below steps for a real run)"]
+        return []
+
+    def cluster_size_problems(self) -> list[str]:
+        """cluster.gpus against the layout as written; flags may change the layout, and training takes the
+        launcher's world size, so only the file is held to it (load_recipe)."""
+        c, p, mp = self.cluster, self.parallel, self.model_parallel_size()
+        if c.gpus is None:
+            return []
+        if c.gpus < 1:
+            return [f"cluster.gpus must be a positive integer, got {c.gpus}"]
+        if p.dp is not None and p.dp * mp != c.gpus:
+            return [f"cluster.gpus {c.gpus} != tp x cp x pp x dp = {p.tp} x {p.cp} x {p.pp} x {p.dp} = {p.dp * mp}; "
+                    f"drop parallel.dp (it then follows the world size) or make the two agree"]
+        if mp > 0 and c.gpus % mp:
+            return [f"cluster.gpus {c.gpus} is not divisible by tp x cp x pp = {p.tp} x {p.cp} x {p.pp}"]
+        if c.gpus > c.gpus_per_node >= 1 and c.gpus % c.gpus_per_node:
+            return [f"cluster.gpus {c.gpus} does not fill whole nodes of cluster.gpus_per_node {c.gpus_per_node}"]
         return []
 
     def _schedule_problems(self) -> list[str]:
@@ -454,9 +481,14 @@ def recipe_from_dict(data, source: str = "recipe") -> Recipe:
 
 
 def load_recipe(path: str) -> Recipe:
-    """Read and check a recipe file (types and keys; layout rules via ``Recipe.validate``)."""
+    """Read and check a recipe file (types and keys, cluster.gpus against the layout it writes; layout
+    rules via ``Recipe.validate``)."""
     data = read_mapping(path, "recipe", UsageError)
-    return recipe_from_dict(data, path)
+    recipe = recipe_from_dict(data, path)
+    problems = recipe.cluster_size_problems()
+    if problems:
+        raise UsageError(problems[0])
+    return recipe
 
 
 def with_overrides(recipe: Recipe, **flags) -> Recipe:

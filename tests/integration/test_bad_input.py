@@ -32,6 +32,12 @@ FILES = {
     "badmodelref.yaml": "model: llama9-1t\ntrain: {global_batch: 16, seq_len: 32}\n",
     "badgpu.yaml": "model: tiny\ntrain: {global_batch: 16, seq_len: 32}\ncluster: {gpu: tpu-v5}\n",
     "zeronode.yaml": "model: tiny\ntrain: {global_batch: 16, seq_len: 32}\ncluster: {gpus_per_node: 0}\n",
+    "clusterdp.yaml": "model: tiny\nparallel: {tp: 2, pp: 2, dp: 2}\ntrain: {global_batch: 16, seq_len: 32}\n"
+                      "cluster: {gpus: 16}\n",
+    "clustermp.yaml": "model: tiny\nparallel: {tp: 2, pp: 2}\ntrain: {global_batch: 16, seq_len: 32}\ncluster: {gpus: 6}\n",
+    "clusternode.yaml": "model: tiny\nparallel: {tp: 2}\ntrain: {global_batch: 16, seq_len: 32}\n"
+                        "cluster: {gpus: 12, gpus_per_node: 8}\n",
+    "nodp.yaml": "model: tiny\ntrain: {global_batch: 16, seq_len: 32}\n",
     "pathname.yaml": "name: ../../elsewhere\nmodel: tiny\ntrain: {global_batch: 16, seq_len: 32}\n",
     "badsample.yaml": "model: tiny\ntrain: {global_batch: 16, seq_len: 32}\ngenerate: {tokens: -5}\n",
     "evalnoheld.yaml": "model: tiny\ntrain: {global_batch: 16, seq_len: 32}\ndata: {source: embedded}\neval: {every: 5}\n",
@@ -85,6 +91,8 @@ CASES = [
     ("launch-world-mismatch", f"launch --recipe {TINY} --nodes 3 --gpus-per-node 4 --out o", "world size 12"),
     ("launch-zero-nodes", f"launch --recipe {TINY} --nodes 0 --out o", "--nodes"),
     ("launch-missing-recipe", "launch --recipe none.yaml --nodes 1 --out o", "not found"),
+    ("launch-no-nodes-no-stated-world", "launch --recipe nodp.yaml --out o", "--nodes N is required"),
+    ("plan-recipe-no-gpus-no-stated-world", "plan --recipe nodp.yaml", "the recipe states no cluster.gpus"),
     # recipe files, through train
     ("recipe-unknown-key", "train --recipe unknown.yaml", "unknown key 'bogus'"),
     ("recipe-unknown-nested-key", "train --recipe unknown_nested.yaml", "train.learning_rate"),
@@ -100,6 +108,10 @@ CASES = [
     ("recipe-unknown-source", "train --recipe badsource.yaml", "unknown data source"),
     ("recipe-unknown-gpu", "train --recipe badgpu.yaml --nproc 8", "cluster.gpu: unknown GPU 'tpu-v5'"),
     ("recipe-zero-gpus-per-node", "train --recipe zeronode.yaml --nproc 8", "cluster.gpus_per_node must be a positive"),
+    ("recipe-cluster-gpus-against-dp", "train --recipe clusterdp.yaml --nproc 8", "cluster.gpus 16 != tp x cp x pp x dp"),
+    ("recipe-cluster-gpus-not-divisible", "train --recipe clustermp.yaml --nproc 8",
+     "cluster.gpus 6 is not divisible by tp x cp x pp = 2 x 1 x 2"),
+    ("recipe-cluster-gpus-partial-node", "train --recipe clusternode.yaml --nproc 8", "does not fill whole nodes"),
     ("recipe-name-is-a-path", "train --recipe pathname.yaml --nproc 8", "'name' must be a plain name"),
     ("recipe-negative-sample", "train --recipe badsample.yaml --nproc 8", "generate.tokens must be >= 0, got -5"),
     # train layouts

@@ -14,6 +14,15 @@ def _launch(*args, cwd=REPO):
                           capture_output=True, text=True)
 
 
+def test_launch_takes_the_nodes_a_recipe_states(tmp_path):
+    """Without --nodes: the recipe's cluster.gpus over its gpus_per_node (Llama 3 8B: 128 H100 = 16 nodes)."""
+    res = _launch("--recipe", "recipes/llama3-8b.yaml", "--slurm", "--out", str(tmp_path / "job"))
+    assert res.returncode == 0, res.stderr
+    sbatch = (tmp_path / "job" / "job.sbatch").read_text()
+    assert "#SBATCH --nodes=16" in sbatch and "--nproc-per-node=8" in sbatch
+    assert "128 ranks = tp 2 x cp 1 x pp 1 x dp 64" in (tmp_path / "job" / "torchrun.sh").read_text()
+
+
 def test_launch_writes_torchrun_and_sbatch(tmp_path):
     out = tmp_path / "job"
     res = _launch("--recipe", "recipes/tiny.yaml", "--nodes", "2", "--gpus-per-node", "4", "--slurm",

@@ -1,8 +1,9 @@
 """`hybridpar memory` (hybridpar/observe/memory_audit.py): the planner's weights, gradients and optimizer
 bytes against each pipeline stage as built on the meta device.
 
-- the three Llama 3 recipes at the GPU counts their comments name agree within 0.5%, in under a
-  minute each (about 15-25 s on 2 cores);
+- the three Llama 3 recipes, as the issue writes the command (`hybridpar memory --recipe FILE --json`: the
+  GPU count is the recipe's cluster.gpus, the one its comment's plan command names), agree within 0.5%,
+  in under a minute each (about 15-25 s on 2 cores);
 - a planted planner error (the last stage's output layer forgotten) exits 1;
 - bad input is one line, exit 2, before torch is imported;
 - the bytes derived from the ZeRO partition rule (tests/unit/test_zero_partitions.py) equal what
@@ -34,7 +35,7 @@ def _hybridpar(*args, timeout=120):
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_llama_recipes_agree_with_the_built_stages(name):
     start = time.perf_counter()
-    proc = _hybridpar("memory", "--recipe", f"recipes/{name}.yaml", "--gpus", str(RECIPES[name]), "--json")
+    proc = _hybridpar("memory", "--recipe", f"recipes/{name}.yaml", "--json")
     elapsed = time.perf_counter() - start
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = json.loads(proc.stdout)
@@ -69,15 +70,15 @@ def test_planted_planner_error_exits_1():
 
 
 def test_tiny_recipe_agrees():
-    proc = _hybridpar("memory", "--recipe", "recipes/tiny.yaml", "--gpus", "8")
+    proc = _hybridpar("memory", "--recipe", "recipes/tiny.yaml")  # its pinned dp states the world: 8
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    assert "every stage agrees" in proc.stdout
+    assert "every stage agrees" in proc.stdout and "tiny on 8 GPUs" in proc.stdout
 
 
 BAD = [
     (["--recipe", "no-such.yaml", "--gpus", "8"], "not found"),
     (["--recipe", "recipes/llama3-70b.yaml", "--gpus", "100"], "not divisible"),
-    (["--recipe", "recipes/llama3-70b.yaml"], "--gpus N is required"),
+    (["--recipe", "{unstated}"], "--gpus N is required"),
     (["--recipe", "recipes/llama3-70b.yaml", "--gpus", "0"], "positive"),
 ]
 NO_TORCH = """
@@ -90,7 +91,10 @@ sys.exit(rc)
 
 
 @pytest.mark.parametrize("args,words", BAD)
-def test_bad_input_is_one_line_exit_2_before_torch(args, words):
+def test_bad_input_is_one_line_exit_2_before_torch(args, words, tmp_path):
+    unstated = tmp_path / "unstated.yaml"  # neither cluster.gpus nor parallel.dp: no world size to take
+    unstated.write_text("model: tiny\ntrain: {global_batch: 16, seq_len: 32}\n")
+    args = [a.format(unstated=unstated) for a in args]
     proc = subprocess.run([sys.executable, "-c", NO_TORCH, "memory", *args], cwd=ROOT, env=ENV, capture_output=True,
                           text=True, timeout=60)
     assert proc.returncode == 2

@@ -70,7 +70,7 @@ def test_cpu_recipe_validates_on_8_ranks_and_plans_its_own_layout(path, tmp_path
     assert recipe.parallel.dp * recipe.model_parallel_size() == 8
     p = recipe.parallel
     written = (p.tp, p.cp, p.pp, p.dp, p.vpp, p.micro_batch, p.zero)
-    pinned = plan_json(capsys, ["--recipe", str(path), "--gpus", "8"])
+    pinned = plan_json(capsys, ["--recipe", str(path)])  # the world its pinned dp states: 8
     assert tuple(pinned[k] for k in LAYOUT_KEYS) == written
     free = plan_json(capsys, ["--recipe", str(without_layout(path, tmp_path)), "--gpus", "8"])
     assert tuple(free[k] for k in LAYOUT_KEYS[:4]) != written[:4]
@@ -92,9 +92,11 @@ def test_llama_recipe_is_the_planners_choice(path, tmp_path, capsys):
     written = {"tp": p.tp, "cp": p.cp, "pp": p.pp, "dp": p.dp, "vpp": p.vpp, "micro_batch": p.micro_batch,
                "zero_stage": p.zero, "recompute": p.recompute}
     assert chosen == written and best["fits"]
-    # and `plan --recipe` accepts the recipe as written (its sizes become pins)
-    again = plan_json(capsys, ["--recipe", str(path), "--gpus", str(gpus)])
-    assert again["step_time_s"] == pytest.approx(best["step_time_s"])
+    # and `plan --recipe` accepts the recipe as written (its sizes become pins), at the GPU count it states
+    assert recipe.cluster.gpus == gpus
+    again = plan_json(capsys, ["--recipe", str(path)])
+    layout = again["tp"] * again["cp"] * again["pp"] * again["dp"]
+    assert layout == gpus and again["step_time_s"] == pytest.approx(best["step_time_s"])
 
 
 @pytest.mark.parametrize("path", LLAMA, ids=[p.stem for p in LLAMA])

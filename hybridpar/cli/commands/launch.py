@@ -30,7 +30,8 @@ SLURM_TRAIN_FLAGS = {  # what the sbatch script sets itself, for every requeued 
 
 def add_arguments(p):
     p.add_argument("--recipe", required=True, help="recipe YAML (its layout must fill nodes x gpus-per-node)")
-    p.add_argument("--nodes", type=int, required=True, help="number of nodes")
+    p.add_argument("--nodes", type=int, help="number of nodes (default: the GPUs the recipe states, cluster.gpus or "
+                                                     "tp x cp x pp x dp, over --gpus-per-node)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the recipe's cluster.gpus_per_node)")
     p.add_argument("--slurm", action="store_true", help="also write an sbatch script")
     p.add_argument("--partition", help="SLURM partition (with --slurm)")
@@ -43,12 +44,21 @@ def add_arguments(p):
     p.add_argument("train_args", nargs="*", help="extra `hybridpar train` flags, after --")
 
 
+def _planned_nodes(gpus, gpus_per_node) -> int:
+    if gpus is None:
+        raise UsageError("--nodes N is required: the recipe states no cluster.gpus and leaves parallel.dp to the "
+                         "world size")
+    if gpus % gpus_per_node:
+        raise UsageError(f"the recipe's {gpus} GPUs do not fill whole nodes of {gpus_per_node}; give --nodes")
+    return gpus // gpus_per_node
+
+
 def run(args) -> int:
     from hybridpar.launch.scripts import LaunchSpec, SlurmOptions, node_commands, sbatch_script
     from hybridpar.cli.commands.train import checked_recipe
     from hybridpar.config.recipe import load_recipe
 
-    if args.nodes < 1:
+    if args.nodes is not None and args.nodes < 1:
         raise UsageError(f"--nodes must be a positive integer, got {args.nodes}")
     if args.gpus_per_node is not None and args.gpus_per_node < 1:
         raise UsageError(f"--gpus-per-node must be a positive integer, got {args.gpus_per_node}")
@@ -61,7 +71,10 @@ def run(args) -> int:
         raise UsageError(f"--cpus-per-task must be a positive integer, got {args.cpus_per_task}")
     _check_slurm_options(args)
     train_flags = _train_flags(args)
-    gpus_per_node = args.gpus_per_node or load_recipe(args.recipe).cluster.gpus_per_node
+    stated = load_recipe(args.recipe)
+    gpus_per_node = args.gpus_per_node or stated.cluster.gpus_per_node
+    if args.nodes is None:
+        args.nodes = _planned_nodes(stated.planned_world(), gpus_per_node)
     world = args.nodes * gpus_per_node
     recipe = checked_recipe(train_flags, world)  # with the train flags' overrides: the layout torchrun will run
     run_dir = args.run_dir or os.path.join("runs", recipe.name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 
 from hybridpar.errors import UsageError
 
@@ -14,7 +15,8 @@ GIB = 1024**3
 
 def add_arguments(p):
     p.add_argument("--recipe", required=True, help="a training recipe (hybridpar/config/recipe.py)")
-    p.add_argument("--gpus", type=int, help="world size, which sets dp (required unless the recipe sets parallel.dp)")
+    p.add_argument("--gpus", type=int, help="world size, which sets dp (default: the recipe's cluster.gpus, or its "
+                                            "tp x cp x pp x dp when it pins dp)")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
 
 
@@ -26,9 +28,10 @@ def resolve_plan(args):
 
     recipe = load_recipe(args.recipe)
     if args.gpus is None:
-        if recipe.parallel.dp is None:
-            raise UsageError("--gpus N is required: the recipe leaves parallel.dp to the world size")
-        args.gpus = recipe.model_parallel_size() * recipe.parallel.dp
+        args.gpus = recipe.planned_world()
+        if args.gpus is None:
+            raise UsageError("--gpus N is required: the recipe leaves parallel.dp to the world size and states no "
+                             "cluster.gpus")
     if args.gpus < 1:
         raise UsageError(f"--gpus must be a positive integer, got {args.gpus}")
     recipe = recipe.validate(args.gpus)
@@ -39,11 +42,13 @@ def resolve_plan(args):
 def run(args) -> int:
     plan = resolve_plan(args)
     start = time.perf_counter()
-    import torch
+    with warnings.catch_warnings():  # megatron-core's notes that Transformer Engine and Apex are absent
+        warnings.filterwarnings("ignore", category=UserWarning, module=r"megatron\.")
+        import torch
 
-    from hybridpar.observe import memory_audit
+        from hybridpar.observe import memory_audit
 
-    rows = memory_audit.audit(plan, torch.bfloat16 if plan.precision == "bf16" else torch.float32)
+        rows = memory_audit.audit(plan, torch.bfloat16 if plan.precision == "bf16" else torch.float32)
     seconds = time.perf_counter() - start
     ok = all(r.agrees for r in rows)
     if args.json:

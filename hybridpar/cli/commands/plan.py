@@ -45,7 +45,8 @@ def add_arguments(p):
     what.add_argument("--model", help="preset name or a .json/.yaml model file")
     what.add_argument("--recipe", help="a training recipe (hybridpar/config/recipe.py): its model, seq_len, "
                       "global_batch, cluster and parallel sizes (as pins); flags override it")
-    p.add_argument("--gpus", type=int, help="number of GPUs (required with --model or --recipe)")
+    p.add_argument("--gpus", type=int, help="number of GPUs (required with --model; with --recipe, default: its "
+                                            "cluster.gpus)")
     p.add_argument("--gpu", help=f"GPU type: {', '.join(CATALOGUE)} (default h100-80gb), or a .json/.yaml GPU "
                    "file (its keys replace those of the catalogue GPU it names as base, e.g. a measured gemm_fraction)")
     p.add_argument("--gpus-per-node", type=int, help="GPUs per node (default: the GPU's, 8)")
@@ -127,17 +128,20 @@ def recipe_defaults(path: str) -> dict:
     written = (yaml.safe_load(Path(path).read_text()) or {}).get("parallel") or {}
     return {"model": model, "seq_len": recipe.train.seq_len or None,
             "global_batch": recipe.train.global_batch or None, "gpu": recipe.cluster.gpu,
-            "gpus_per_node": recipe.cluster.gpus_per_node,
+            "gpus_per_node": recipe.cluster.gpus_per_node, "gpus": recipe.planned_world(),
             "tolerate_replica_loss": bool(getattr(recipe.reliability, "tolerate_replica_loss", False)),
             "pins": {name: getattr(recipe.parallel, key) for key, name in RECIPE_PINS.items() if key in written}}
 
 
 def build_request(args) -> tuple[Request, int]:
     if not (args.model or args.recipe):
-        raise UsageError("give --model NAME|FILE or --recipe FILE (with --gpus N), or --validate")
-    if args.gpus is None:
-        raise UsageError("--gpus N is required: the number of GPUs to plan for")
+        raise UsageError("give --model NAME|FILE with --gpus N, or --recipe FILE, or --validate")
     base = recipe_defaults(args.recipe) if args.recipe else {"pins": {}}
+    if args.gpus is None:
+        args.gpus = base.get("gpus")
+    if args.gpus is None:
+        raise UsageError("--gpus N is required: the number of GPUs to plan for"
+                         + (" (the recipe states no cluster.gpus)" if args.recipe else ""))
     if args.seq_len is None:
         args.seq_len = base.get("seq_len") or 8192
     if args.global_batch is None and args.global_batch_tokens is None:
