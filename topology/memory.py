@@ -41,6 +41,8 @@ them for the whole sequence (Software.cp_gathered_kv_kept); a ring (Transformer 
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -124,7 +126,16 @@ class StageMemory:
         return self.total > (1 - TIGHT_MARGIN) * capacity_bytes
 
     def gib(self) -> dict:
-        return {k: round(getattr(self, k) / GIB, 2) for k in (*PARTS, "total")}
+        """Every part and the total in GiB to 2 decimals, the parts rounded so that they add up to the
+        rounded total exactly (largest remainder: the parts that lost most by rounding down get the
+        hundredths left over)."""
+        hundredths = {k: getattr(self, k) / GIB * 100 for k in PARTS}
+        total = round(sum(hundredths.values()))
+        parts = {k: math.floor(v) for k, v in hundredths.items()}
+        by_remainder = sorted(PARTS, key=lambda k: hundredths[k] - parts[k], reverse=True)
+        for k in by_remainder[:max(0, total - sum(parts.values()))]:
+            parts[k] += 1
+        return {**{k: parts[k] / 100 for k in PARTS}, "total": total / 100}
 
 
 def model_state_bytes(n_params: float, dp: int, zero_stage: int, fp32_grads: bool = False,

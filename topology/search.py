@@ -105,9 +105,9 @@ class Request:
 
     def budget_text(self, gpu: GPU) -> str:
         if not self.headroom:
-            return f"the {gpu.name}'s {gpu.memory_gib:.0f} GiB"
-        return (f"the {self.memory_budget(gpu) / GIB:.0f} GiB that {self.headroom:.0%} headroom leaves of the "
-                f"{gpu.name}'s {gpu.memory_gib:.0f} GiB")
+            return f"the {gpu.name}'s {gpu.memory_gib:.1f} GiB"
+        return (f"the {self.memory_budget(gpu) / GIB:.1f} GiB that {self.headroom:.0%} headroom leaves of the "
+                f"{gpu.name}'s {gpu.memory_gib:.1f} GiB")
 
 
 def _divisors(n: int) -> list[int]:
@@ -232,7 +232,7 @@ def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, r
     floor = max(16 * params_per_rank(probe, s) for s in stages(probe)) / probe.zero_group
     if floor > cap:
         over = f"DP={dp}" if cp == 1 else f"DP x CP = {dp} x {cp}"
-        return reject(f"weights, gradients and optimizer alone need {floor / GIB:.0f} GiB per GPU at "
+        return reject(f"weights, gradients and optimizer alone need {floor / GIB:.1f} GiB per GPU at "
                       f"TP={tp}, PP={pp}, even with ZeRO-3 over {over}", floor)
 
     per_replica = req.global_batch // dp
@@ -280,7 +280,7 @@ def _search_family(req: Request, gpu: GPU, tp: int, cp: int, pp: int, dp: int, r
     if mem is None:
         return reject(detail)
     p = detail
-    reject(f"needs {mem.total / GIB:.0f} GiB per GPU at TP={tp}, CP={cp}, PP={pp}, DP={dp} at best (ZeRO-{p.zero_stage}, recompute {p.recompute}, "
+    reject(f"needs {mem.total / GIB:.1f} GiB per GPU at TP={tp}, CP={cp}, PP={pp}, DP={dp} at best (ZeRO-{p.zero_stage}, recompute {p.recompute}, "
            f"micro-batch {p.micro_batch}: states {(mem.params + mem.grads + mem.optimizer) / GIB:.0f}, "
            f"activations {mem.activations / GIB:.0f}), above {req.budget_text(gpu)}",
            mem.total)

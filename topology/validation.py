@@ -215,7 +215,7 @@ def step_time_range(step_s: float, gpu: str | None = None, software: str | None 
 def range_note(gpu: str | None = None, software: str | None = None) -> str:
     """One line saying which published runs the ranges of a plan on ``gpu`` under ``software`` come from,
     and the command that lists them."""
-    key, _ = _range_runs(gpu, software)
+    key, (lo, hi) = _range_runs(gpu, software)
     s = summary()
     if isinstance(key, tuple):
         runs = f"the {s.by_gpu_software[key][0]} published runs on {key[0]} costed with {key[1]}"
@@ -227,8 +227,13 @@ def range_note(gpu: str | None = None, software: str | None = None) -> str:
     else:
         runs = f"all {s.timed} published runs (fewer than {OWN_RANGE_MIN_RUNS} on this GPU)"
         listed = "hybridpar plan --validate"
-    return (f"ranges: the {RANGE_PERCENTILES[0]}th-{RANGE_PERCENTILES[1]}th percentile of reported/predicted MFU "
-            f"over {runs} (`{listed}`)")
+    widened = ""  # mfu_range and step_time_range always hold the prediction itself
+    if hi < 1.0:
+        widened = "; both below 1, so each range's top is the prediction itself"
+    elif lo > 1.0:
+        widened = "; both above 1, so each range's bottom is the prediction itself"
+    return (f"ranges: the {RANGE_PERCENTILES[0]}th-{RANGE_PERCENTILES[1]}th percentile of reported/predicted MFU, "
+            f"{lo:.2f}-{hi:.2f}, over {runs} (`{listed}`){widened}")
 
 
 def outside_validated_region(params: float, gpu: str, hidden_per_tp: int, seq_len: int) -> str | None:

@@ -101,7 +101,8 @@ def predict_step_time(plan, gpu_name: Optional[str] = None) -> tuple[Optional[fl
 
 def describe(y: Yardstick) -> str:
     peak = f"peak {y.peak_tflops:g} TFLOP/s per device" if y.peak_tflops else "no MFU (no known peak)"
-    pred = (f"planner predicts {y.predicted_step_time_s:.4g} s/step for this layout on {y.predicted_on}"
+    spread = f" ({y.predicted_range[0]:.4g}-{y.predicted_range[1]:.4g})" if y.predicted_range else ""
+    pred = (f"planner predicts {y.predicted_step_time_s:.4g} s/step{spread} for this layout on {y.predicted_on}"
             if y.predicted_step_time_s is not None else f"planner cannot cost this layout on {y.predicted_on}")
     if y.on_cpu and y.predicted_step_time_s is not None:
         pred += " (a GPU prediction, not comparable with these CPU timings)"

@@ -41,6 +41,7 @@ class Summary:
     predicted_step_time_s: float | None = None
     device: str | None = None  # "cpu", a catalogue GPU name, ...; None in files from before it was logged
     predicted_on: str | None = None  # "h100-80gb bf16": what the prediction is for
+    predicted_range: tuple | None = None  # (lo, hi) s: the validation spread around the prediction
     tflops_unit: str = "gpu"  # "rank" on CPU ranks
     eval_points: tuple = ()  # (step, held-out loss) of every step that evaluated
 
@@ -115,6 +116,8 @@ def summarize(records: list[dict]) -> Summary:
         predicted_step_time_s=records[-1].get("predicted_step_time_s"),
         device=records[-1].get("device"),
         predicted_on=records[-1].get("predicted_on"),
+        predicted_range=tuple(records[-1]["predicted_step_time_s_range"])
+        if records[-1].get("predicted_step_time_s_range") else None,
         tflops_unit=throughput[-1][1],
         eval_points=tuple((r["step"], r["eval_loss"]) for r in records if r.get("eval_loss") is not None),
     )
@@ -135,12 +138,13 @@ def format_summary(s: Summary) -> str:
                                      f"evaluations"))
     if s.predicted_step_time_s is not None:
         on = f" on {s.predicted_on}" if s.predicted_on else ""
+        spread = f" ({s.predicted_range[0]:.4g}-{s.predicted_range[1]:.4g} s)" if s.predicted_range else ""
+        predicted = f"{s.predicted_step_time_s:.4g} s per step{spread}{on}"
         if s.on_cpu:
-            rows.append(("predicted", f"{s.predicted_step_time_s:.3f} s per step{on} (a GPU prediction; this run "
-                                      f"ran on CPU ranks, so no ratio)"))
+            rows.append(("predicted", f"{predicted} (a GPU prediction; this run ran on CPU ranks, so no ratio)"))
         else:
             ratio = s.median_step_time_s / s.predicted_step_time_s if s.predicted_step_time_s else float("nan")
-            rows.append(("predicted", f"{s.predicted_step_time_s:.3f} s per step{on} (measured/predicted {ratio:.2f})"))
+            rows.append(("predicted", f"{predicted} (measured/predicted {ratio:.2f})"))
     if s.median_tflops_per_gpu is not None:
         tf = s.median_tflops_per_gpu
         # CPU runs reach GFLOP/s, not TFLOP/s: keep significant digits instead of printing 0.00.

@@ -62,6 +62,9 @@ def test_cpu_runs_never_show_a_gpu_prediction_beside_their_timings():
     assert r["predicted_step_time_s"] is not None and r["predicted_on"] == "h100-80gb bf16"
     assert "predicted" not in step_text(r)
     assert "h100-80gb bf16 (a GPU prediction, not comparable with these CPU timings)" in describe(y)
+    lo, hi = y.predicted_range  # the banner carries the range the plan command prints
+    assert lo < y.predicted_step_time_s < hi
+    assert f"{y.predicted_step_time_s:.4g} s/step ({lo:.4g}-{hi:.4g}) for this layout on h100-80gb bf16" in describe(y)
     gpu = yardstick(plan.with_(precision="bf16"), cuda=True, device_name="NVIDIA H100 80GB HBM3")
     assert "on h100-80gb bf16" in step_text(gpu.step_record(0.5)) and "TFLOP/s/gpu" in step_text(gpu.step_record(1e-6))
 

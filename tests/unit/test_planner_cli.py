@@ -1,5 +1,6 @@
 """`hybridpar plan`: the exact interface, JSON output, and bad input -> one line, exit 2."""
 import json
+import re
 
 import pytest
 
@@ -15,6 +16,25 @@ def test_json_output(capsys):
     assert set(data) == {"plans", "rejected", "ranges_from"} and "published runs on h100-80gb" in data["ranges_from"]
     assert 1 <= len(data["plans"]) <= 3
     assert data["plans"][0]["tp"] * data["plans"][0]["pp"] * data["plans"][0]["cp"] * data["plans"][0]["dp"] == 64
+
+
+def test_json_says_which_plans_are_tight(capsys):
+    """The table's `tight` (a plan within TIGHT_MARGIN of the GPU's memory) is in the JSON too, with the
+    capacity it is measured against: Llama 3 405B's best plan on 16,384 H100s is one."""
+    from hybridpar.topology.hardware import get_gpu
+    from hybridpar.topology.memory import TIGHT_MARGIN
+
+    argv = ["--model", "llama3-405b", "--gpus", "16384", "--top", "5"]
+    plans = json.loads(run([*argv, "--json"], capsys)[1])["plans"]
+    capacity = get_gpu("h100-80gb").memory_gib
+    for p in plans:
+        assert p["capacity_gib"] == round(capacity, 2)
+        assert p["tight"] == (p["fits"] and p["memory_gib"]["total"] > (1 - TIGHT_MARGIN) * capacity)
+    assert plans[0]["tight"] and not all(p["tight"] for p in plans)
+    table = run(argv, capsys)[1]
+    rows = [line for line in table.splitlines() if re.match(r"^ *\d+ +\d+ +\d+", line)][:len(plans)]
+    assert [row.rstrip().endswith("tight") for row in rows] == [p["tight"] for p in plans]
+    assert f"of {capacity:.1f}  (tight" in table
 
 
 def test_software_flag_plans_for_megatron_core(capsys):

@@ -31,16 +31,41 @@ def test_every_plan_carries_ranges_and_its_validated_region(capsys):
     assert len(notes) == 1 and "h800-80gb" in notes[0]
 
 
+def test_the_out_of_region_line_names_the_plans_it_is_about(capsys, tmp_path):
+    """A small model (hidden 384): its TP1 plans lie inside the validated region, its TP2 plans
+    (hidden/TP 192) outside; the line says which plans, as the JSON says per plan."""
+    small = tmp_path / "small.json"
+    small.write_text(json.dumps({"layers": 12, "hidden": 384, "ffn_hidden": 1024, "heads": 8, "kv_heads": 8,
+                                 "vocab": 32000, "mlp": "swiglu"}))
+    argv = ["--model", str(small), "--gpus", "8", "--top", "30"]
+    plans = json.loads(run([*argv, "--json"], capsys)[1])["plans"]
+    outside = [str(i) for i, p in enumerate(plans, 1) if p["validated_region"]]
+    assert outside and len(outside) < len(plans)
+    assert all(plans[int(i) - 1]["tp"] > 1 for i in outside)
+    lines = [line for line in run(argv, capsys)[1].splitlines() if "outside the validated region" in line]
+    assert lines == [f"plans {', '.join(outside)}: {plans[int(outside[0]) - 1]['validated_region']}"]
+
+
 def test_a_plans_range_is_its_gpus_own_spread(capsys):
     """A100 and H100 runs lean differently; a plan takes the spread of its own GPU's runs, a GPU
-    with too few (B200) the spread of all, and a software profile with enough runs on the GPU theirs."""
+    with too few (H200: 2) the spread of all, and a software profile with enough runs on the GPU theirs.
+    The ranges line quotes the spread, and says so where both its ends lie on one side of 1 (the range
+    is then widened to hold the prediction: A100 40GB's runs all came in below it)."""
     from hybridpar.topology import validation
     argv = ["--model", "llama3-70b", "--gpus", "512", "--top", "1", "--json"]
-    for gpu in ("a100-80gb", "h100-80gb", "b200-180gb"):
+    for gpu in ("a100-80gb", "h100-80gb", "b200-180gb", "h200-141gb"):
         (p,) = json.loads(run([*argv, "--gpu", gpu], capsys)[1])["plans"]
         lo, hi = validation.ratio_range(gpu)
         assert p["mfu_range"] == pytest.approx([p["mfu"] * min(lo, 1.0), p["mfu"] * max(hi, 1.0)], abs=2e-4)
+        table = run([*argv[:-1], "--gpu", gpu], capsys)[1]
+        assert f"reported/predicted MFU, {lo:.2f}-{hi:.2f}, over " in table
+        assert ("both below 1, so each range's top is the prediction itself" in table) == (hi < 1.0)
     assert validation.ratio_range("a100-80gb") != validation.ratio_range("h100-80gb")
+    assert validation.ratio_range("h200-141gb") == validation.ratio_range() != validation.ratio_range("b200-180gb")
+    assert validation.ratio_range("a100-40gb")[1] < 1.0  # the widened case exists
+    (p,) = json.loads(run([*argv, "--gpu", "a100-40gb"], capsys)[1])["plans"]
+    assert p["mfu_range"][1] == pytest.approx(p["mfu"], abs=1e-4)
+    assert "both below 1" in run([*argv[:-1], "--gpu", "a100-40gb"], capsys)[1]
     # a stack with enough runs of its own on that GPU: their spread, and the table says whose
     ds = ["--gpu", "a100-80gb", "--software", "deepspeed-pipe-zero1"]
     (p,) = json.loads(run([*argv, *ds], capsys)[1])["plans"]

@@ -55,15 +55,17 @@ def test_held_out_losses_are_summarized_with_their_steps():
 
 
 def test_a_cpu_run_is_per_rank_and_not_compared_with_a_gpu_prediction():
-    records = [record(s, 2.0, device="cpu", tflops_per_rank=0.002, predicted_step_time_s=0.001,
-                      predicted_on="h100-80gb bf16") for s in range(1, 4)]
+    records = [record(s, 2.0, device="cpu", tflops_per_rank=0.002, predicted_step_time_s=0.005185,
+                      predicted_step_time_s_range=[0.004871, 0.005934], predicted_on="h100-80gb bf16")
+               for s in range(1, 4)]
     text = format_summary(summarize(records))
     assert "measured/predicted" not in text and "TFLOP/s/GPU" not in text
     assert "TFLOP/s/rank median 0.002" in text
-    assert "0.001 s per step on h100-80gb bf16 (a GPU prediction; this run ran on CPU ranks, so no ratio)" in text
+    assert ("0.005185 s per step (0.004871-0.005934 s) on h100-80gb bf16 (a GPU prediction; this run ran on CPU "
+            "ranks, so no ratio)") in text
     gpu = [record(s, 2.0, device="h100-80gb", tflops_per_gpu=400.0, predicted_step_time_s=0.25,
-                  predicted_on="h100-80gb bf16") for s in range(1, 4)]
-    assert "0.250 s per step on h100-80gb bf16 (measured/predicted 2.00)" in format_summary(summarize(gpu))
+                  predicted_on="h100-80gb bf16") for s in range(1, 4)]  # a file from before the range was logged
+    assert "0.25 s per step on h100-80gb bf16 (measured/predicted 2.00)" in format_summary(summarize(gpu))
 
 
 def test_plot_writes_two_pngs_atomically(tmp_path):

@@ -270,11 +270,13 @@ def region_note(req: Request, e) -> str | None:
 
 
 def plan_json(req: Request, e) -> dict:
-    """A plan's JSON: topology.search.Evaluated.to_json plus its ranges and, outside the validated
-    region, the note saying so."""
-    c = e.cost
-    gpu, sw = req.hardware().name, req.software.name
-    return {**e.to_json(), "mfu_range": [round(x, 4) for x in validation.mfu_range(c.mfu, gpu, sw)],
+    """A plan's JSON: topology.search.Evaluated.to_json plus the GPU's memory, whether the plan is tight
+    (within TIGHT_MARGIN of it), its ranges and, outside the validated region, the note saying so."""
+    c, hardware = e.cost, req.hardware()
+    gpu, sw = hardware.name, req.software.name
+    return {**e.to_json(), "capacity_gib": round(hardware.memory_bytes / GIB, 2),
+            "tight": bool(e.fits and e.memory.tight(hardware.memory_bytes)),
+            "mfu_range": [round(x, 4) for x in validation.mfu_range(c.mfu, gpu, sw)],
             "step_time_s_range": [round(x, 4) for x in validation.step_time_range(c.step_time_s, gpu, sw)],
             "validated_region": region_note(req, e)}
 
@@ -283,6 +285,16 @@ def _three_figures(seconds: float) -> str:
     """232, 57.9, 0.448, 0.500: three significant figures, trailing zeros kept so a range reads evenly."""
     decimals = max(0, 2 - math.floor(math.log10(seconds))) if seconds > 0 else 0
     return f"{seconds:.{decimals}f}"
+
+
+def _grouped_by_plan(notes: list) -> list[str]:
+    """One line per distinct note, naming the plans (numbered from 1) it is about unless it is about all."""
+    plans: dict[str, list[str]] = {}
+    for i, note in enumerate(notes, 1):
+        if note:
+            plans.setdefault(note, []).append(str(i))
+    return [note if len(which) == len(notes) else f"{'plan' if len(which) == 1 else 'plans'} {', '.join(which)}: {note}"
+            for note, which in sorted(plans.items())]
 
 
 def redundancy_line(r) -> str:
@@ -322,8 +334,7 @@ def render(req: Request, result) -> str:
     if req.precision == "fp8":
         lines.append(f"fp8: MFU over the dense fp8 peak ({gpu.peak_tflops('fp8'):,.0f} TFLOP/s); the layers' GEMMs in fp8 with "
                      f"Transformer Engine's casts, the output layer in bf16 (docs/planner.md, \"Time\": FP8)")
-    notes = {note for note in (region_note(req, e) for e in result.plans) if note}
-    lines += sorted(notes)
+    lines += _grouped_by_plan([region_note(req, e) for e in result.plans])
     lighter = [str(i) for i, e in enumerate(result.plans, 1) if e.plan.lighter_end_stages]
     if lighter:
         lines.append(f"plans {', '.join(lighter)}: lighter end stages (Llama 3): {req.model.layers} layers + embedding + "
@@ -333,7 +344,7 @@ def render(req: Request, result) -> str:
         g = e.memory.gib()
         lines.append(f"{i:>2} {e.memory.stage:<12} weights {g['params']:>6.2f}  grads {g['grads']:>6.2f}  "
                      f"optimizer {g['optimizer']:>6.2f}  activations {g['activations']:>6.2f}  "
-                     f"other {e.memory.overhead / GIB:>5.2f}  total {g['total']:>6.2f} of {gpu.memory_gib:.0f}"
+                     f"other {e.memory.overhead / GIB:>5.2f}  total {g['total']:>6.2f} of {gpu.memory_gib:.1f}"
                      f"{f'  (tight: within {TIGHT_MARGIN:.0%} of capacity)' if e.fits and e.memory.tight(gpu.memory_bytes) else ''}")
         other = [f"{k.replace('_', ' ')} {g[k]:.2f}" for k in OTHER_PARTS if g[k]]
         lines.append(f"{'':>15}other: {', '.join(other)}")
