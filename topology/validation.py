@@ -237,19 +237,24 @@ def range_note(gpu: str | None = None, software: str | None = None) -> str:
 
 
 def outside_validated_region(params: float, gpu: str, hidden_per_tp: int, seq_len: int) -> str | None:
-    """One line naming what no validated run is near, or None inside the validated region."""
+    """One line naming what no validated run is near, or None inside the validated region. Model size,
+    hidden/TP and sequence length are each looked for among the runs on the plan's GPU (a run of the
+    same size on another GPU says little about this one); on a GPU without runs, among all."""
     timed = [r for r in checks() if r.error is not None]
     near = lambda a, b, f: b / f <= a <= b * f
     missing = []
     gpu = catalogue_base(gpu)
-    if gpu not in {r.gpu for r in timed}:
+    same_gpu = [r for r in timed if r.gpu == gpu]
+    if not same_gpu:
         missing.append(f"GPU {gpu} (validated: {', '.join(sorted({r.gpu for r in timed}))})")
-    if not any(near(params, r.params, NEAR["params"]) for r in timed):
+    runs = same_gpu or timed
+    if not any(near(params, r.params, NEAR["params"]) for r in runs):
         missing.append(f"model size {params / 1e9:.3g}B")
-    if not any(near(hidden_per_tp, r.hidden_per_tp, NEAR["hidden_per_tp"]) for r in timed):
+    if not any(near(hidden_per_tp, r.hidden_per_tp, NEAR["hidden_per_tp"]) for r in runs):
         missing.append(f"hidden/TP {hidden_per_tp}")
-    if not any(near(seq_len, r.seq_len, NEAR["seq_len"]) for r in timed):
+    if not any(near(seq_len, r.seq_len, NEAR["seq_len"]) for r in runs):
         missing.append(f"sequence length {seq_len:,}")
     if not missing:
         return None
-    return "outside the validated region: no published run near its " + "; ".join(missing)
+    where = f" on {gpu}" if same_gpu else ""
+    return f"outside the validated region: no published run{where} near its " + "; ".join(missing)

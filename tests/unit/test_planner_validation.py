@@ -304,6 +304,9 @@ def test_outside_the_validated_region_says_which_axis():
     assert validation.outside_validated_region(405e9, "h200-141gb", 4096, 8192) is None  # MLPerf v5.0 on H200
     assert "model size" in validation.outside_validated_region(5e12, "h100-80gb", 2048, 8192)
     assert validation.outside_validated_region(8e9, "b200-180gb", 1024, 1_048_576) is None
+    # each dimension among the runs on the plan's GPU: H200's runs are MLPerf's 405B, not an 8B
+    note = validation.outside_validated_region(8e9, "h200-141gb", 4096, 8192)
+    assert note == "outside the validated region: no published run on h200-141gb near its model size 8B"
     assert "sequence length" in validation.outside_validated_region(405e9, "h100-80gb", 2048, 4_194_304)
     assert "hidden/TP" in validation.outside_validated_region(405e9, "h100-80gb", 64, 8192)
     assert validation.outside_validated_region(405e9, "h100-80gb (mine)", 2048, 8192) is None
