@@ -293,8 +293,11 @@ def _grouped_by_plan(notes: list) -> list[str]:
     for i, note in enumerate(notes, 1):
         if note:
             plans.setdefault(note, []).append(str(i))
-    return [note if len(which) == len(notes) else f"{'plan' if len(which) == 1 else 'plans'} {', '.join(which)}: {note}"
-            for note, which in sorted(plans.items())]
+    return [note if len(which) == len(notes) else f"{_plans(which)}: {note}" for note, which in sorted(plans.items())]
+
+
+def _plans(numbers: list[str]) -> str:
+    return f"{'plan' if len(numbers) == 1 else 'plans'} {', '.join(numbers)}"
 
 
 def redundancy_line(r) -> str:
@@ -337,14 +340,14 @@ def render(req: Request, result) -> str:
     lines += _grouped_by_plan([region_note(req, e) for e in result.plans])
     lighter = [str(i) for i, e in enumerate(result.plans, 1) if e.plan.lighter_end_stages]
     if lighter:
-        lines.append(f"plans {', '.join(lighter)}: lighter end stages (Llama 3): {req.model.layers} layers + embedding + "
+        lines.append(f"{_plans(lighter)}: lighter end stages (Llama 3): {req.model.layers} layers + embedding + "
                      f"loss over pp x vpp model chunks, the first and last holding one layer fewer")
     lines += ["", "Memory per GPU, GiB (largest pipeline stage):"]
     for i, e in enumerate(result.plans, 1):
         g = e.memory.gib()
         lines.append(f"{i:>2} {e.memory.stage:<12} weights {g['params']:>6.2f}  grads {g['grads']:>6.2f}  "
                      f"optimizer {g['optimizer']:>6.2f}  activations {g['activations']:>6.2f}  "
-                     f"other {e.memory.overhead / GIB:>5.2f}  total {g['total']:>6.2f} of {gpu.memory_gib:.1f}"
+                     f"other {sum(g[k] for k in OTHER_PARTS):>5.2f}  total {g['total']:>6.2f} of {gpu.memory_gib:.1f}"
                      f"{f'  (tight: within {TIGHT_MARGIN:.0%} of capacity)' if e.fits and e.memory.tight(gpu.memory_bytes) else ''}")
         other = [f"{k.replace('_', ' ')} {g[k]:.2f}" for k in OTHER_PARTS if g[k]]
         lines.append(f"{'':>15}other: {', '.join(other)}")
