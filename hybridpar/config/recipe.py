@@ -292,13 +292,19 @@ class Recipe:
         return out
 
     def warnings(self) -> list[str]:
-        """Settings that are legitimate in a short trial but rarely meant in a real run."""
-        t = self.train
+        """Settings that are legitimate in a short trial but rarely meant in a real run (of a recipe
+        validated for its world size)."""
+        t, p, out = self.train, self.parallel, []
         if t.warmup_steps > t.steps:
-            return [f"train.warmup_steps {t.warmup_steps} is longer than the run's {t.steps} steps: it ends during "
-                    f"warm-up at {t.steps / t.warmup_steps:.1%} of lr {t.lr:g} and never decays (fine for a short "
-                    f"trial; set warmup_steps below steps for a real run)"]
-        return []
+            out.append(f"train.warmup_steps {t.warmup_steps} is longer than the run's {t.steps} steps: it ends during "
+                       f"warm-up at {t.steps / t.warmup_steps:.1%} of lr {t.lr:g} and never decays (fine for a short "
+                       f"trial; set warmup_steps below steps for a real run)")
+        world = self.model_parallel_size() * p.dp if p.dp is not None else None
+        if self.cluster.gpus is not None and world is not None and world != self.cluster.gpus:
+            out.append(f"the recipe is planned for cluster.gpus {self.cluster.gpus} GPUs and this run has {world} "
+                       f"rank{'s' if world != 1 else ''} (tp {p.tp} x cp {p.cp} x pp {p.pp} x dp {p.dp}): fine for a trial; the planner's figures "
+                       f"for the recipe are for {self.cluster.gpus}")
+        return out
 
     def cluster_size_problems(self) -> list[str]:
         """cluster.gpus against the layout as written; flags may change the layout, and training takes the

@@ -47,15 +47,20 @@ def _layout(out):
 
 
 def test_eight_ranks_tp2_pp2_dp2_match_one_rank(tmp_path, tiny_8_ranks):
-    """The one-rank run is of the same recipe written for GPUs (cluster.gpu), which trains on this
-    CPU-only machine only with --allow-cpu (without it: tests/integration/test_bad_input.py)."""
+    """The one-rank run is of the same recipe written for 8 GPUs (cluster.gpu, cluster.gpus), which trains
+    on this CPU-only machine only with --allow-cpu (without it: tests/integration/test_bad_input.py), and
+    at another world size than it states with one warning line."""
     gpu_recipe = tmp_path / "tiny-for-gpus.yaml"
-    gpu_recipe.write_text(TINY.read_text() + "cluster: {gpu: h100-80gb, gpus_per_node: 8}\n")
+    gpu_recipe.write_text(TINY.read_text() + "cluster: {gpu: h100-80gb, gpus_per_node: 8, gpus: 8}\n")
     out_a, proc_a = tiny_8_ranks
     a, plan_a = _metrics(out_a), _layout(out_a)
     proc_b, b, plan_b = _train(tmp_path, "B", "--nproc", "1", "--tp", "1", "--pp", "1", "--dp", "1", "--allow-cpu",
                                recipe=gpu_recipe)
     assert [r["step"] for r in a] == list(range(1, STEPS + 1)) == [r["step"] for r in b]
+    warnings = [line for line in proc_b.stderr.splitlines() if "warning" in line]
+    assert warnings == ["hybridpar train: warning: the recipe is planned for cluster.gpus 8 GPUs and this run has 1 "
+                        "rank (tp 1 x cp 1 x pp 1 x dp 1): fine for a trial; the planner's figures for the recipe "
+                        "are for 8"], proc_b.stderr[-2000:]
     for row in a + b:
         assert {"step", "loss", "grad_norm", "lr", "step_time_s", "tokens_per_s"} <= set(row)
     diffs = [abs(x["loss"] - y["loss"]) for x, y in zip(a[:COMPARED_STEPS], b[:COMPARED_STEPS])]
