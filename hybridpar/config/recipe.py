@@ -29,6 +29,7 @@ Extension points: a new section is one dataclass in ``SECTIONS``; data sources a
 from __future__ import annotations
 
 import math
+import re
 
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -433,6 +434,9 @@ def _type_name(hint) -> str:
     return {int: "an integer", float: "a finite number", bool: "true/false", str: "a string"}.get(hint, str(hint))
 
 
+_YAML_11_EXPONENT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
 def _section(cls, data, name: str):
     if data is None:
         return cls()
@@ -444,6 +448,9 @@ def _section(cls, data, name: str):
     if unknown:
         raise UsageError(f"unknown key '{name}.{unknown[0]}' in recipe; allowed in '{name}': {', '.join(allowed)}")
     for key, value in data.items():
+        if isinstance(value, str) and _YAML_11_EXPONENT.match(value) and _type_ok(1.0, hints[key]):
+            value = float(value)  # PyYAML reads 3e-4 (no dot) as text: it is the number written
+            data = dict(data, **{key: value})
         if not _type_ok(value, hints[key]):
             raise UsageError(f"recipe key '{name}.{key}' must be {_type_name(hints[key])}, got {value!r}")
         if hints[key] is float and isinstance(value, int):

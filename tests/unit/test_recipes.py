@@ -115,3 +115,19 @@ def test_readme_quotes_each_gpu_recipes_prediction(path, capsys):
                if line.startswith(f"| `recipes/{path.name}` |"))
     assert quoted in row, (quoted, row)
     assert re.search(rf"\| {gpus:,} H100", row)
+
+
+def test_a_number_written_with_an_exponent_is_the_number(tmp_path):
+    """PyYAML (YAML 1.1) reads `3e-4` without a dot as text; a recipe means the number. An integer key
+    still refuses it, and infinity stays refused."""
+    from hybridpar.errors import UsageError
+
+    path = tmp_path / "r.yaml"
+    path.write_text("model: tiny\ntrain: {global_batch: 16, seq_len: 32, lr: 3e-3, min_lr: 3E-4, eps: 1.0e-8}\n")
+    t = load_recipe(str(path)).train
+    assert (t.lr, t.min_lr, t.eps) == (3e-3, 3e-4, 1e-8) and isinstance(t.lr, float)
+    for text, words in (("steps: 1e3", "'train.steps' must be an integer, got '1e3'"),
+                        ("lr: 1e999", "'train.lr' must be a finite number, got inf")):
+        path.write_text(f"model: tiny\ntrain: {{global_batch: 16, seq_len: 32, {text}}}\n")
+        with pytest.raises(UsageError, match=words):
+            load_recipe(str(path))
