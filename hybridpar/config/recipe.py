@@ -302,9 +302,9 @@ class Recipe:
                        f"trial; set warmup_steps below steps for a real run)")
         world = self.model_parallel_size() * p.dp if p.dp is not None else None
         if self.cluster.gpus is not None and world is not None and world != self.cluster.gpus:
-            out.append(f"the recipe is planned for cluster.gpus {self.cluster.gpus} GPUs and this run has {world} "
-                       f"rank{'s' if world != 1 else ''} (tp {p.tp} x cp {p.cp} x pp {p.pp} x dp {p.dp}): fine for a trial; the planner's figures "
-                       f"for the recipe are for {self.cluster.gpus}")
+            ranks = f"{world} rank{'s' if world != 1 else ''} (tp {p.tp} x cp {p.cp} x pp {p.pp} x dp {p.dp})"
+            out.append(f"the recipe is planned for cluster.gpus {self.cluster.gpus} GPUs and this run has {ranks}: "
+                       f"fine for a trial; the planner's figures for the recipe are for {self.cluster.gpus}")
         return out
 
     def cluster_size_problems(self) -> list[str]:
