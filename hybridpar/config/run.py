@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
 from hybridpar.config.optim import OptimConfig
-from hybridpar.config.recipe import DataSection, EvalSection, GenerateSection, ReliabilitySection
+from hybridpar.config.sections import DataSection, EvalSection, GenerateSection, ReliabilitySection
 from hybridpar.topology.plan import Plan
 
 FORMAT = "hybridpar-run-plan"

@@ -14,7 +14,7 @@ import os
 
 import torch
 
-from hybridpar.config.recipe import GenerateSection
+from hybridpar.config.sections import GenerateSection
 from hybridpar.runtime.llama_ref import LlamaReference, RefOptions
 
 

@@ -37,7 +37,7 @@ def test_train_prints_and_saves_a_sample_of_the_trained_model(tmp_path):
 
     from hybridpar.checkpoint.reshard import read_full_state
     from hybridpar.data import ByteTokenizer
-    from hybridpar.config.recipe import GenerateSection as SampleConfig
+    from hybridpar.config.sections import GenerateSection as SampleConfig
     from hybridpar.observe.sample import generate_text
     from hybridpar.observe.report import load_metrics, summarize
     from hybridpar.topology.flops import model_flops_per_seq
