@@ -275,10 +275,15 @@ def plan_json(req: Request, e) -> dict:
     c, hardware = e.cost, req.hardware()
     gpu, sw = hardware.name, req.software.name
     return {**e.to_json(), "capacity_gib": round(hardware.memory_bytes / GIB, 2),
-            "tight": bool(e.fits and e.memory.tight(hardware.memory_bytes)),
+            "tight": _is_tight(e, hardware),
             "mfu_range": [round(x, 4) for x in validation.mfu_range(c.mfu, gpu, sw)],
             "step_time_s_range": [round(x, 4) for x in validation.step_time_range(c.step_time_s, gpu, sw)],
             "validated_region": region_note(req, e)}
+
+
+def _is_tight(e, gpu) -> bool:
+    """A plan that fits with less than TIGHT_MARGIN of the GPU's memory to spare."""
+    return bool(e.fits and e.memory.tight(gpu.memory_bytes))
 
 
 def _three_figures(seconds: float) -> str:
@@ -327,7 +332,7 @@ def render(req: Request, result) -> str:
         step = f"{_three_figures(c.step_time_s)} ({_three_figures(slo)}-{_three_figures(shi)})"
         mfu = f"{c.mfu:.0%} ({mlo * 100:.0f}-{mhi:.0%})"
         fits = "yes" if e.fits else "NO"
-        if e.fits and e.memory.tight(gpu.memory_bytes):
+        if _is_tight(e, gpu):
             fits = "tight"
         lines.append(f"{i:>2} {p.tp:>3} {p.cp:>3} {p.pp:>4} {p.dp:>5} {p.vpp:>3} {p.micro_batch:>3} "
                      f"{p.grad_accum:>4} {p.zero_stage:>1} {p.recompute:<{rc_width}} {step:>21} "
@@ -348,7 +353,7 @@ def render(req: Request, result) -> str:
         lines.append(f"{i:>2} {e.memory.stage:<12} weights {g['params']:>6.2f}  grads {g['grads']:>6.2f}  "
                      f"optimizer {g['optimizer']:>6.2f}  activations {g['activations']:>6.2f}  "
                      f"other {sum(g[k] for k in OTHER_PARTS):>5.2f}  total {g['total']:>6.2f} of {gpu.memory_gib:.1f}"
-                     f"{f'  (tight: within {TIGHT_MARGIN:.0%} of capacity)' if e.fits and e.memory.tight(gpu.memory_bytes) else ''}")
+                     f"{f'  (tight: within {TIGHT_MARGIN:.0%} of capacity)' if _is_tight(e, gpu) else ''}")
         other = [f"{k.replace('_', ' ')} {g[k]:.2f}" for k in OTHER_PARTS if g[k]]
         lines.append(f"{'':>15}other: {', '.join(other)}")
     lines += ["", "Time per step, seconds (slowest pipeline rank; TP, DP: exposed, and compute lost beside hidden ones):"]
